@@ -1,0 +1,46 @@
+# ngx_threadpool: build, test and run against Debian's nginx and lua module.
+
+SHELL := /bin/bash
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
+	libluajit2-5.1-dev libclang-dev clang pkg-config wrk
+MODULE := target/release/libngx_threadpool.so
+RUN_DIR := $(CURDIR)/target/run
+
+.PHONY: deps build test lint run bench clean
+
+# Installs the Debian packages that are missing (apt-get update only then).
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+build: deps
+	cargo build --release
+
+test: build
+	cargo test --release -- --test-threads=2
+
+lint:
+	cargo fmt --check
+	cargo clippy --release --all-targets -- -D warnings
+
+# nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.
+run: build
+	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs
+	@sed -e 's#@MODULE@#$(CURDIR)/$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
+		nginx-conf/demo.conf > $(RUN_DIR)/conf/nginx.conf
+	@cp nginx-conf/*.lua $(RUN_DIR)/conf/ 2>/dev/null || true
+	@echo "ngx_threadpool demo on http://127.0.0.1:8080/ (Ctrl-C stops it)"
+	@echo "  curl http://127.0.0.1:8080/static            a static page"
+	@echo "  curl 'http://127.0.0.1:8080/upper?s=foo'      FOO, from a pool thread"
+	@echo "  curl 'http://127.0.0.1:8080/sort?n=200000'    a CPU-heavy sort, offloaded"
+	@echo "  curl 'http://127.0.0.1:8080/sort-inline?n=200000'  the same sort on the event loop"
+	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
+
+clean:
+	cargo clean

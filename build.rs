@@ -1,0 +1,88 @@
+//! Generates the nginx bindings from the nginx that will load the module.
+//!
+//! Debian's nginx-dev ships the source tree and the exact configure flags of
+//! the packaged binary; configuring a copy of it yields `objs/ngx_auto_config.h`
+//! and friends, so struct layouts and the module signature match the binary.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let src = PathBuf::from(env::var("NGX_SRC").unwrap_or_else(|_| "/usr/share/nginx/src".into()));
+    println!("cargo:rerun-if-env-changed=NGX_SRC");
+    println!("cargo:rerun-if-changed=wrapper.h");
+    println!("cargo:rerun-if-changed={}", src.join("src/core/nginx.h").display());
+
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let tree = out.join("nginx");
+    configure(&src, &tree);
+
+    let mut builder = bindgen::Builder::default()
+        .header("wrapper.h")
+        .allowlist_item("ngx_.*|NGX_.*|nginx_version|NGINX_.*")
+        .allowlist_function("eventfd|pthread_self")
+        .layout_tests(false)
+        .derive_default(true)
+        .generate_comments(false)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+    for inc in include_dirs(&tree) {
+        builder = builder.clang_arg(format!("-I{}", inc.display()));
+    }
+    builder
+        .generate()
+        .expect("bindgen failed on wrapper.h")
+        .write_to_file(out.join("bindings.rs"))
+        .expect("cannot write bindings.rs");
+}
+
+/// Copies the nginx source tree and runs its configure with Debian's flags,
+/// once: the result depends only on the tree, which cargo tracks above.
+fn configure(src: &Path, tree: &Path) {
+    if tree.join("objs/ngx_auto_config.h").exists() {
+        return;
+    }
+    let _ = fs::remove_dir_all(tree);
+    run(Command::new("cp").arg("-r").arg(src).arg(tree));
+    let flags = if tree.join("conf_flags").exists() {
+        "source ./conf_flags && ./configure \"${NGX_CONF_FLAGS[@]}\""
+    } else {
+        "./configure --with-threads --with-compat"
+    };
+    run(Command::new("bash")
+        .arg("-c")
+        .arg(format!("{flags} >configure.log 2>&1 || {{ cat configure.log >&2; exit 1; }}"))
+        .current_dir(tree));
+}
+
+/// The -I directories of the configured tree, read from objs/Makefile.
+fn include_dirs(tree: &Path) -> Vec<PathBuf> {
+    let makefile = fs::read_to_string(tree.join("objs/Makefile")).expect("objs/Makefile");
+    let mut dirs = Vec::new();
+    let mut in_incs = false;
+    for line in makefile.lines() {
+        if line.starts_with("ALL_INCS") {
+            in_incs = true;
+        } else if in_incs && !line.starts_with('\t') {
+            break;
+        }
+        if in_incs {
+            let mut words = line.split_whitespace();
+            while let Some(w) = words.next() {
+                if w == "-I" {
+                    if let Some(dir) = words.next() {
+                        dirs.push(tree.join(dir));
+                    }
+                }
+            }
+        }
+    }
+    assert!(!dirs.is_empty(), "no ALL_INCS in objs/Makefile");
+    dirs
+}
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed: {status}");
+}

@@ -1,0 +1,202 @@
+-- resty.threadpool: run Lua in the per-worker thread pools of the
+-- ngx_threadpool module.
+--
+--   local tp = require "resty.threadpool"
+--   local res, err = tp.upper_pool:push_task("foo")
+--
+-- The calling coroutine waits; the event loop keeps serving other requests.
+
+local ffi = require "ffi"
+local base = require "resty.core.base"
+local buffer = require "string.buffer"
+local codec = require "resty.threadpool.codec"
+
+local C = ffi.C
+local ffi_new = ffi.new
+local ffi_str = ffi.string
+local encode = codec.encode
+local decode_results = codec.decode_results
+local get_request = base.get_request
+local get_phase = ngx.get_phase
+local co_yield = coroutine._yield
+local error = error
+local getmetatable = getmetatable
+local pcall = pcall
+local rawset = rawset
+local select = select
+local setmetatable = setmetatable
+local tonumber = tonumber
+local type = type
+local floor = math.floor
+
+ffi.cdef [[
+int ngx_threadpool_api_version(void);
+int ngx_threadpool_pool_id(const unsigned char *name, size_t len);
+int ngx_threadpool_push(ngx_http_request_t *r, int pool,
+    const unsigned char *data, size_t len, uint64_t *task,
+    unsigned char *err, size_t *errlen);
+int ngx_threadpool_wait(ngx_http_request_t *r, uint64_t task,
+    int timeout_ms, unsigned char *err, size_t *errlen);
+int ngx_threadpool_result(uint64_t task, const unsigned char **data,
+    size_t *len);
+void ngx_threadpool_release(uint64_t task);
+]]
+
+local API_VERSION = 1
+local FFI_OK = 0
+local FFI_ERROR = -1
+local FFI_AGAIN = -2
+local FFI_DECLINED = -5
+
+local DEFAULT_TIMEOUT = 60      -- seconds
+local MAX_TIMEOUT_MS = 2147483647
+local ERR_BUF_SIZE = 256
+
+do
+    local ok, version = pcall(function() return C.ngx_threadpool_api_version() end)
+    if not ok then
+        error("resty.threadpool: the ngx_threadpool module is not loaded "
+              .. "(load_module it after ngx_http_lua_module)", 2)
+    end
+    if version ~= API_VERSION then
+        error("resty.threadpool: module API version " .. version
+              .. ", this library needs " .. API_VERSION, 2)
+    end
+end
+
+-- Phases whose coroutines may yield (ngx.thread light threads run in their
+-- parent's phase).
+local yieldable = { rewrite = true, access = true, content = true, timer = true }
+
+-- Shared by all calls: each is only used between two yields.
+local args_buf = buffer.new()
+local task_out = ffi_new("uint64_t[1]")
+local data_out = ffi_new("const unsigned char *[1]")
+local len_out = ffi_new("size_t[1]")
+local err_buf = ffi_new("unsigned char[?]", ERR_BUF_SIZE)
+local err_len = ffi_new("size_t[1]")
+
+local function timeout_ms(seconds)
+    if type(seconds) ~= "number" or not (seconds > 0) then
+        error("bad timeout: expected a number of seconds > 0", 3)
+    end
+    local ms = floor(seconds * 1000)
+    if ms < 1 then
+        return 1
+    end
+    if ms > MAX_TIMEOUT_MS then
+        return MAX_TIMEOUT_MS
+    end
+    return ms
+end
+
+local function finish(task, rc, ok, ...)
+    C.ngx_threadpool_release(task)
+    if not ok or rc == FFI_DECLINED then
+        -- a malformed payload (nil, err) or the handler's error (true, err)
+        return nil, (...)
+    end
+    return ...
+end
+
+local function push(pool, ms, ...)
+    local phase = get_phase()
+    if not yieldable[phase] then
+        error("push_task: API disabled in the context of " .. phase
+              .. " (use it in rewrite, access, content or timer, "
+              .. "or an ngx.thread of those)", 3)
+    end
+    local r = get_request()
+
+    args_buf:reset()
+    local ok, err = encode(args_buf, "argument", select("#", ...), ...)
+    if not ok then
+        return nil, err
+    end
+    local p, len = args_buf:ref()
+
+    err_len[0] = ERR_BUF_SIZE
+    local rc = C.ngx_threadpool_push(r, pool.id, p, len, task_out, err_buf,
+                                     err_len)
+    if rc == FFI_DECLINED then
+        return nil, "queue full"
+    end
+    if rc ~= FFI_OK then
+        return nil, ffi_str(err_buf, err_len[0])
+    end
+    local task = tonumber(task_out[0])
+
+    err_len[0] = ERR_BUF_SIZE
+    rc = C.ngx_threadpool_wait(r, task, ms, err_buf, err_len)
+    if rc == FFI_AGAIN then
+        local woke, werr = co_yield()
+        if not woke then
+            -- timeout: the late result is dropped when it arrives
+            C.ngx_threadpool_release(task)
+            return nil, werr
+        end
+    elseif rc ~= FFI_OK then
+        C.ngx_threadpool_release(task)
+        return nil, ffi_str(err_buf, err_len[0])
+    end
+
+    rc = C.ngx_threadpool_result(task, data_out, len_out)
+    if rc == FFI_ERROR then
+        C.ngx_threadpool_release(task)
+        return nil, "no result"
+    end
+    return finish(task, rc, decode_results(data_out[0], tonumber(len_out[0])))
+end
+
+local Pool = {}
+Pool.__index = Pool
+
+local function check_self(self, method)
+    if type(self) ~= "table" or getmetatable(self) ~= Pool then
+        error("bad self: call it as pool:" .. method .. "(...)", 3)
+    end
+end
+
+-- Runs the pool's handler with the given arguments in a pool thread and
+-- returns its return values, or nil and an error.
+function Pool.push_task(self, ...)
+    check_self(self, "push_task")
+    return push(self, self.timeout_ms, ...)
+end
+
+-- As push_task, with a timeout in seconds for this call.
+function Pool.push_task_timeout(self, seconds, ...)
+    check_self(self, "push_task_timeout")
+    return push(self, timeout_ms(seconds), ...)
+end
+
+-- Sets the default timeout in seconds of push_task on this pool, in this
+-- worker (60 seconds to start with).
+function Pool.set_timeout(self, seconds)
+    check_self(self, "set_timeout")
+    self.timeout_ms = timeout_ms(seconds)
+end
+
+local _M = { _VERSION = "0.1.0" }
+
+return setmetatable(_M, {
+    __index = function(t, name)
+        if type(name) ~= "string" then
+            return nil
+        end
+        local id = C.ngx_threadpool_pool_id(name, #name)
+        if id == -2 then
+            error("resty.threadpool: pools exist in worker processes only "
+                  .. "(use them in init_worker_by_lua* or later)", 2)
+        end
+        if id < 0 then
+            error("resty.threadpool: no thread pool \"" .. name
+                  .. "\" with a thread_pool_process_by_lua handler", 2)
+        end
+        local pool = setmetatable({ name = name, id = id,
+                                    timeout_ms = DEFAULT_TIMEOUT * 1000 },
+                                  Pool)
+        rawset(t, name, pool)
+        return pool
+    end,
+})

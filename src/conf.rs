@@ -1,0 +1,104 @@
+//! The module's directives and its http main configuration.
+//!
+//! ```nginx
+//! thread_pool_init_by_lua       POOL "code";   # optional, once per thread
+//! thread_pool_init_by_lua_file  POOL path.lua;
+//! thread_pool_process_by_lua    POOL "code";   # the task handler
+//! thread_pool_process_by_lua_file POOL path.lua;
+//! ```
+//! The pool itself is nginx's `thread_pool NAME threads=N [max_queue=M]`.
+
+use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
+use crate::ngx::sys;
+use crate::ngx::thread_pool::ThreadPool;
+use crate::vm::chunk::{self, Chunk, Style};
+use std::ffi::{c_char, c_void};
+
+/// One pool with a handler, as configured.
+pub struct PoolConf {
+    pub name: String,
+    pub pool: ThreadPool,
+    pub init: Option<Chunk>,
+    pub process: Option<(Chunk, Style)>,
+    /// From the thread_pool declaration, read at init_module.
+    pub threads: usize,
+    pub max_queue: usize,
+}
+
+#[derive(Default)]
+pub struct MainConf {
+    pub pools: Vec<PoolConf>,
+}
+
+/// What a setter sets, carried in the command's `post` field.
+pub const INIT: usize = 0;
+pub const PROCESS: usize = 1;
+/// Added to INIT/PROCESS: the argument is a file name.
+pub const FILE: usize = 2;
+
+impl MainConf {
+    fn pool_mut(&mut self, cf: Conf, name: &[u8]) -> Result<&mut PoolConf, String> {
+        if let Some(i) = self.pools.iter().position(|p| p.name.as_bytes() == name) {
+            return Ok(&mut self.pools[i]);
+        }
+        let text = std::str::from_utf8(name).map_err(|_| "pool name is not UTF-8".to_string())?;
+        // SAFETY: cf is the configuration being parsed.
+        let pool = unsafe { ThreadPool::add(cf.raw(), name) }.ok_or("no memory")?;
+        self.pools.push(PoolConf { name: text.into(), pool, init: None, process: None, threads: 0, max_queue: 0 });
+        Ok(self.pools.last_mut().unwrap())
+    }
+
+    /// Reads each pool's declaration and takes it from nginx (init_module).
+    pub fn resolve(&mut self) -> Result<(), String> {
+        for p in &mut self.pools {
+            if p.process.is_none() {
+                return Err(format!(
+                    "thread pool \"{}\" has thread_pool_init_by_lua but no thread_pool_process_by_lua",
+                    p.name
+                ));
+            }
+            let (threads, max_queue) = p.pool.take(p.name.as_bytes())?;
+            p.threads = threads;
+            p.max_queue = max_queue;
+        }
+        Ok(())
+    }
+}
+
+/// The setter of every `thread_pool_{init,process}_by_lua[_file]`.
+pub unsafe extern "C" fn set_chunk(cf: *mut sys::ngx_conf_t, cmd: *mut sys::ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
+        // SAFETY: nginx passes the parsed configuration, this command and
+        // our main conf (created by create_main_conf).
+        let (cf, kind, main) = unsafe { (Conf::from_raw(cf), (*cmd).post as usize, &mut *(conf as *mut MainConf)) };
+        match set_chunk_in(cf, kind, main) {
+            Ok(()) => NGX_CONF_OK,
+            Err(msg) => cf.error(&msg),
+        }
+    })
+}
+
+fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String> {
+    let args = cf.args();
+    let (directive, name, arg) = (args[0], args[1], args[2]);
+    let directive = String::from_utf8_lossy(directive).into_owned();
+    let chunk = if kind & FILE != 0 {
+        let path = cf.full_path(arg);
+        let code = std::fs::read(&path).map_err(|e| format!("cannot read \"{}\": {e}", path.display()))?;
+        Chunk { code, name: format!("@{}", path.display()) }
+    } else {
+        let short = directive.trim_end_matches("_file");
+        Chunk { code: arg.to_vec(), name: format!("={short}({})", cf.position()) }
+    };
+    let style = chunk::check(&chunk).map_err(|e| format!("failed to compile: {e}"))?;
+    let pool = main.pool_mut(cf, name)?;
+    let slot_taken = if kind & PROCESS != 0 {
+        pool.process.replace((chunk, style)).is_some()
+    } else {
+        pool.init.replace(chunk).is_some()
+    };
+    if slot_taken {
+        return Err(format!("is duplicate for pool \"{}\"", pool.name));
+    }
+    Ok(())
+}

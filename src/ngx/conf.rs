@@ -1,0 +1,104 @@
+//! Helpers for directive setters: arguments, errors, file names.
+
+use super::sys;
+use std::ffi::c_char;
+
+/// A configuration being parsed.
+#[derive(Clone, Copy)]
+pub struct Conf(*mut sys::ngx_conf_t);
+
+impl Conf {
+    /// # Safety
+    /// `cf` must be the configuration nginx passed to a setter or a
+    /// configuration hook, used only during that call.
+    pub unsafe fn from_raw(cf: *mut sys::ngx_conf_t) -> Conf {
+        Conf(cf)
+    }
+
+    pub fn raw(self) -> *mut sys::ngx_conf_t {
+        self.0
+    }
+
+    /// The directive's words, name first.
+    pub fn args(&self) -> Vec<&[u8]> {
+        // SAFETY: during a setter cf->args is an array of ngx_str_t that
+        // lives in the cycle's pool.
+        unsafe {
+            let args = (*self.0).args;
+            let words = std::slice::from_raw_parts((*args).elts as *const sys::ngx_str_t, (*args).nelts);
+            words.iter().map(|w| super::str_bytes(w)).collect()
+        }
+    }
+
+    /// "nginx.conf:12": the current file's base name and line, as
+    /// lua-nginx-module names its inline chunks.
+    pub fn position(&self) -> String {
+        // SAFETY: conf_file is set while a file is being parsed.
+        unsafe {
+            let file = (*self.0).conf_file;
+            if file.is_null() {
+                return "?".into();
+            }
+            let name = super::str_bytes(&(*file).file.name);
+            let base = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
+            format!("{}:{}", String::from_utf8_lossy(base), (*file).line)
+        }
+    }
+
+    /// `path` made absolute against the server prefix (`-p`).
+    pub fn full_path(&self, path: &[u8]) -> std::path::PathBuf {
+        use std::os::unix::ffi::OsStrExt;
+        let p = std::path::Path::new(std::ffi::OsStr::from_bytes(path));
+        if p.is_absolute() {
+            return p.to_path_buf();
+        }
+        // SAFETY: cf->cycle->prefix lives as long as the cycle.
+        let prefix = unsafe { super::str_bytes(&(*(*self.0).cycle).prefix) };
+        std::path::Path::new(std::ffi::OsStr::from_bytes(prefix)).join(p)
+    }
+
+    /// The setter's error return: nginx prints `"<directive>" directive
+    /// <msg> in <file>:<line>`. The text is copied into the cycle's pool.
+    pub fn error(&self, msg: &str) -> *mut c_char {
+        // SAFETY: cf->pool is the cycle's pool; the copy is NUL-terminated.
+        unsafe {
+            let p = sys::ngx_pnalloc((*self.0).pool, msg.len() + 1) as *mut u8;
+            if p.is_null() {
+                return NGX_CONF_ERROR;
+            }
+            std::ptr::copy_nonoverlapping(msg.as_ptr(), p, msg.len());
+            *p.add(msg.len()) = 0;
+            p as *mut c_char
+        }
+    }
+
+    /// Logs at EMERG with the current file and line, like
+    /// ngx_conf_log_error (which is variadic and cannot take a Rust string).
+    pub fn emerg(&self, msg: &str) {
+        // SAFETY: "%*s" takes a length and a pointer to that many bytes.
+        unsafe {
+            sys::ngx_conf_log_error(sys::NGX_LOG_EMERG as usize, self.0, 0, c"%*s".as_ptr(), msg.len(), msg.as_ptr())
+        }
+    }
+}
+
+pub const NGX_CONF_OK: *mut c_char = std::ptr::null_mut();
+pub const NGX_CONF_ERROR: *mut c_char = usize::MAX as *mut c_char;
+
+/// `ngx_http_cycle_get_module_main_conf`: a module's http main conf, or null
+/// when the configuration has no http block.
+///
+/// # Safety
+/// `cycle` must be a live cycle whose configuration has been parsed.
+pub unsafe fn http_main_conf(cycle: *mut sys::ngx_cycle_t, module: *const sys::ngx_module_t) -> *mut std::ffi::c_void {
+    // SAFETY: conf_ctx[ngx_http_module.index] is the http block's
+    // ngx_http_conf_ctx_t (null without one); main_conf has a slot per
+    // http module, indexed by ctx_index.
+    unsafe {
+        let ctx = *(*cycle).conf_ctx.add(sys::ngx_http_module.index) as *mut sys::ngx_http_conf_ctx_t;
+        if ctx.is_null() {
+            return std::ptr::null_mut();
+        }
+        *(*ctx).main_conf.add((*module).ctx_index)
+    }
+}

@@ -1,0 +1,68 @@
+//! Writing to nginx's error log, from the event loop or from pool threads.
+
+use super::sys;
+
+pub use sys::{
+    NGX_LOG_ALERT, NGX_LOG_CRIT, NGX_LOG_DEBUG, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO,
+    NGX_LOG_NOTICE, NGX_LOG_STDERR, NGX_LOG_WARN,
+};
+
+/// A cycle's error log. nginx's own thread pools log from their threads with
+/// the same call, so sharing it across threads is what nginx itself does.
+#[derive(Clone, Copy)]
+pub struct Log(*mut sys::ngx_log_t);
+
+// SAFETY: an ngx_log_t lives as long as its cycle, which outlives the worker
+// threads (they are joined before the cycle goes away); ngx_log_error_core
+// only reads it and write()s, as nginx's own thread pools do.
+unsafe impl Send for Log {}
+// SAFETY: as above, it is only read.
+unsafe impl Sync for Log {}
+
+impl Log {
+    /// The error log of the current cycle.
+    pub fn cycle() -> Option<Log> {
+        // SAFETY: ngx_cycle is set before any module code runs.
+        let cycle = unsafe { sys::ngx_cycle };
+        if cycle.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null ngx_cycle points to a live cycle.
+        let log = unsafe { (*cycle).log };
+        (!log.is_null()).then_some(Log(log))
+    }
+
+    /// Whether a message at `level` would be written (levels count up from
+    /// STDERR = 0 to DEBUG = 8).
+    pub fn enabled(self, level: u32) -> bool {
+        // SAFETY: self.0 is a live log (see the Send impl).
+        unsafe { (*self.0).log_level >= level as usize }
+    }
+
+    /// Writes `msg` at `level`, if the log's level lets it through.
+    pub fn write(self, level: u32, msg: &[u8]) {
+        if !self.enabled(level) {
+            return;
+        }
+        // SAFETY: "%*s" takes a size_t length and a pointer to that many
+        // bytes; msg outlives the call.
+        unsafe {
+            sys::ngx_log_error_core(
+                level as usize,
+                self.0,
+                0,
+                c"%*s".as_ptr(),
+                msg.len(),
+                msg.as_ptr(),
+            )
+        }
+    }
+}
+
+/// Logs an error on the cycle's log; used where nothing better is at hand.
+pub fn cycle_error(msg: &str) {
+    match Log::cycle() {
+        Some(log) => log.write(NGX_LOG_ERR, msg.as_bytes()),
+        None => eprintln!("{msg}"),
+    }
+}

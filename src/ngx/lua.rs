@@ -1,0 +1,111 @@
+//! What the module uses of lua-nginx-module, which must be loaded first:
+//! its semaphores (to resume a waiting coroutine from the event loop) and
+//! its main Lua VM (to give pool threads the same package paths).
+
+use super::sys;
+use mlua::ffi as lua;
+use std::ffi::{c_char, c_int, CStr};
+use std::ptr::{self, NonNull};
+
+#[repr(C)]
+pub struct RawSema {
+    _opaque: [u8; 0],
+}
+
+unsafe extern "C" {
+    static mut ngx_http_lua_module: sys::ngx_module_t;
+    fn ngx_http_lua_ffi_sema_new(psem: *mut *mut RawSema, n: c_int, errmsg: *mut *const c_char) -> c_int;
+    fn ngx_http_lua_ffi_sema_post(sem: *mut RawSema, n: c_int) -> c_int;
+    fn ngx_http_lua_ffi_sema_wait(
+        r: *mut sys::ngx_http_request_t,
+        sem: *mut RawSema,
+        wait_ms: c_int,
+        err: *mut u8,
+        errlen: *mut usize,
+    ) -> c_int;
+    fn ngx_http_lua_ffi_sema_gc(sem: *mut RawSema);
+}
+
+/// A lua-nginx-module semaphore owned by this module, not by the Lua GC:
+/// created and destroyed here, so a pointer to it can never dangle while a
+/// task refers to it. Event-loop thread only.
+pub struct Sema(NonNull<RawSema>);
+
+impl Sema {
+    pub fn new() -> Result<Sema, String> {
+        let mut raw = ptr::null_mut();
+        let mut err: *const c_char = ptr::null();
+        // SAFETY: sema_new fills raw or err; called on the event loop.
+        let rc = unsafe { ngx_http_lua_ffi_sema_new(&mut raw, 0, &mut err) };
+        match NonNull::new(raw) {
+            Some(sem) if rc == sys::NGX_OK as c_int => Ok(Sema(sem)),
+            // SAFETY: on failure err points to a static message.
+            _ if !err.is_null() => Err(unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned()),
+            _ => Err("cannot create a semaphore".into()),
+        }
+    }
+
+    /// Adds one resource and, if a coroutine waits, posts the event that
+    /// resumes it; needs no current request.
+    pub fn post(&self) {
+        // SAFETY: self is a live semaphore; event-loop thread.
+        unsafe { ngx_http_lua_ffi_sema_post(self.0.as_ptr(), 1) };
+    }
+
+    /// Waits in the current coroutine of `r`: NGX_OK when a resource was
+    /// there, NGX_AGAIN after queueing the coroutine (the caller must yield),
+    /// NGX_ERROR with a message in `err` (wrong context).
+    ///
+    /// # Safety
+    /// `r` must be the request of the running Lua handler; `err` must hold
+    /// `*errlen` writable bytes.
+    pub unsafe fn wait(&self, r: *mut sys::ngx_http_request_t, ms: c_int, err: *mut u8, errlen: *mut usize) -> c_int {
+        // SAFETY: forwarded from the caller.
+        unsafe { ngx_http_lua_ffi_sema_wait(r, self.0.as_ptr(), ms, err, errlen) }
+    }
+}
+
+impl Drop for Sema {
+    fn drop(&mut self) {
+        // SAFETY: created by sema_new and dropped once; gc removes a posted
+        // event and returns the memory to the lua module's allocator.
+        unsafe { ngx_http_lua_ffi_sema_gc(self.0.as_ptr()) }
+    }
+}
+
+/// The main VM's `package.path` and `package.cpath`, as lua_package_path and
+/// lua_package_cpath made them. None when the lua module has no VM.
+///
+/// # Safety
+/// Event-loop thread, with no Lua code running (init_process).
+pub unsafe fn package_paths(cycle: *mut sys::ngx_cycle_t) -> Option<(Vec<u8>, Vec<u8>)> {
+    // The first field of lua-nginx-module's main conf is its lua_State*
+    // (ngx_http_lua_main_conf_t, unchanged since 0.9).
+    // SAFETY: the caller vouches for cycle; the lua module is linked.
+    let l = unsafe {
+        let lmcf = super::conf::http_main_conf(cycle, &raw const ngx_http_lua_module) as *const *mut lua::lua_State;
+        if lmcf.is_null() || (*lmcf).is_null() {
+            return None;
+        }
+        *lmcf
+    };
+    let field = |name: &CStr| -> Option<Vec<u8>> {
+        // SAFETY: l is the lua module's main state; the stack is restored.
+        unsafe {
+            let top = lua::lua_gettop(l);
+            lua::lua_getfield(l, lua::LUA_GLOBALSINDEX, c"package".as_ptr());
+            let mut out = None;
+            if lua::lua_type(l, -1) == lua::LUA_TTABLE {
+                lua::lua_getfield(l, -1, name.as_ptr());
+                let mut len = 0;
+                let s = lua::lua_tolstring(l, -1, &mut len);
+                if !s.is_null() {
+                    out = Some(std::slice::from_raw_parts(s as *const u8, len).to_vec());
+                }
+            }
+            lua::lua_settop(l, top);
+            out
+        }
+    };
+    Some((field(c"path")?, field(c"cpath")?))
+}

@@ -1,0 +1,182 @@
+//! Per-worker pools: threads, their job channels, and the worker's state on
+//! the event loop.
+//!
+//! Each pool has a bounded crossbeam channel of jobs (capacity `max_queue`)
+//! read by its threads. Every thread posts completions to the one
+//! completion channel of the worker and wakes the event loop (notify.rs).
+
+use crate::notify;
+use crate::task::{RequestTasks, TaskId, Tasks};
+use crate::vm::{self, Spec, ThreadVm};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A task on its way to a pool thread.
+pub struct Job {
+    pub task: TaskId,
+    pub payload: Vec<u8>,
+}
+
+/// A finished task on its way back: the payload now holds the results.
+pub struct Completion {
+    pub task: TaskId,
+    pub payload: Vec<u8>,
+    pub failed: bool,
+}
+
+struct Pool {
+    name: String,
+    jobs: Option<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// The worker's state; lives on the event-loop thread only.
+pub struct Worker {
+    pools: Vec<Pool>,
+    completions: Receiver<Completion>,
+    pub tasks: Tasks,
+    /// Set at exit: threads drop queued jobs instead of running them.
+    stopping: Arc<AtomicBool>,
+}
+
+thread_local! {
+    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` on the worker state; None outside a worker (master, `nginx -t`)
+/// or when re-entered.
+pub fn with_worker<R>(f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+    WORKER.with(|w| w.try_borrow_mut().ok()?.as_mut().map(f))
+}
+
+/// Why a push did not queue the task.
+pub enum PushError {
+    Full,
+    Other(String),
+}
+
+impl Worker {
+    /// Starts the threads of every pool; `specs` pairs each pool's spec
+    /// with its (threads, max_queue).
+    pub fn start(specs: Vec<(Spec, usize, usize)>) -> Result<(), String> {
+        let (done_tx, done_rx) = unbounded();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let mut pools = Vec::with_capacity(specs.len());
+        for (spec, threads, max_queue) in specs {
+            let (tx, rx) = bounded::<Job>(max_queue);
+            let mut handles = Vec::with_capacity(threads);
+            for i in 0..threads {
+                let (thread_spec, rx, done, stopping) = (spec.clone(), rx.clone(), done_tx.clone(), stopping.clone());
+                let handle = std::thread::Builder::new()
+                    .name(format!("tp {}", spec.pool))
+                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping))
+                    .map_err(|e| format!("thread pool \"{}\": cannot start a thread: {e}", spec.pool))?;
+                handles.push(handle);
+            }
+            pools.push(Pool { name: spec.pool, jobs: Some(tx), threads: handles });
+        }
+        let worker = Worker { pools, completions: done_rx, tasks: Tasks::default(), stopping };
+        WORKER.with(|w| *w.borrow_mut() = Some(worker));
+        Ok(())
+    }
+
+    /// The index of the pool called `name`.
+    pub fn pool_id(&self, name: &[u8]) -> Option<usize> {
+        self.pools.iter().position(|p| p.name.as_bytes() == name)
+    }
+
+    /// Queues a task for pool `pool` with the encoded arguments `args`.
+    pub fn push(&mut self, pool: usize, owner: *mut RequestTasks, args: &[u8]) -> Result<TaskId, PushError> {
+        let jobs = self
+            .pools
+            .get(pool)
+            .and_then(|p| p.jobs.as_ref())
+            .ok_or_else(|| PushError::Other("no such thread pool".into()))?;
+        if jobs.is_full() {
+            return Err(PushError::Full);
+        }
+        let task = self.tasks.start(owner).map_err(PushError::Other)?;
+        let mut payload = self.tasks.buffer();
+        payload.extend_from_slice(args);
+        match jobs.try_send(Job { task, payload }) {
+            Ok(()) => Ok(task),
+            Err(e) => {
+                let full = matches!(e, TrySendError::Full(_));
+                // Abandon, then complete: the record is freed at once.
+                self.tasks.release(task);
+                if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
+                    self.tasks.recycle(buf);
+                }
+                Err(if full { PushError::Full } else { PushError::Other("thread pool is stopped".into()) })
+            }
+        }
+    }
+
+    /// Takes every completion posted so far (called on wake-up).
+    pub fn drain(&mut self) {
+        while let Ok(c) = self.completions.try_recv() {
+            if let Some(buf) = self.tasks.complete(c.task, c.payload, c.failed) {
+                self.tasks.recycle(buf);
+            }
+        }
+    }
+}
+
+/// Stops the worker's pools at process exit: queued jobs are dropped,
+/// running ones finish, threads are joined. A task that never returns (a
+/// runaway loop cannot be interrupted) is left behind after `grace`, so exit
+/// never hangs; the process ends it.
+pub fn stop(grace: Duration) {
+    let Some(mut worker) = WORKER.with(|w| w.borrow_mut().take()) else { return };
+    worker.stopping.store(true, Ordering::SeqCst);
+    for p in &mut worker.pools {
+        p.jobs = None;
+    }
+    let deadline = Instant::now() + grace;
+    for p in &mut worker.pools {
+        for t in p.threads.drain(..) {
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                crate::ngx::log::cycle_error(&format!(
+                    "thread pool \"{}\": a task is still running at exit, leaving its thread",
+                    p.name
+                ));
+            }
+        }
+    }
+    worker.tasks.clear();
+}
+
+fn thread_main(spec: Spec, index: usize, jobs: Receiver<Job>, done: Sender<Completion>, stopping: Arc<AtomicBool>) {
+    let log = spec.log;
+    let report = |level, msg: &str| match log {
+        Some(l) => l.write(level, msg.as_bytes()),
+        None => eprintln!("{msg}"),
+    };
+    let vm = crate::ngx::guard::catch(|| ThreadVm::new(&spec)).and_then(|r| r).map_err(|e| {
+        report(crate::ngx::log::NGX_LOG_ERR, &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool));
+        format!("thread pool \"{}\" is not usable: {e}", spec.pool)
+    });
+    for mut job in jobs.iter() {
+        if stopping.load(Ordering::Relaxed) {
+            continue;
+        }
+        let failed = match &vm {
+            Ok(vm) => crate::ngx::guard::catch(|| vm.run(&mut job.payload))
+                .unwrap_or_else(|panic| vm::fail(&mut job.payload, &panic)),
+            Err(msg) => vm::fail(&mut job.payload, msg),
+        };
+        if done.send(Completion { task: job.task, payload: job.payload, failed }).is_err() {
+            break;
+        }
+        notify::wake();
+    }
+}

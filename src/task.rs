@@ -1,0 +1,281 @@
+//! Tasks as the event loop sees them: a slab of records, each tied to the
+//! request that pushed it. Event-loop thread only.
+//!
+//! A record outlives whatever may vanish under it: if the request ends or
+//! the caller stops waiting (timeout, killed light thread), the record is
+//! only marked, and the completion that arrives later frees it. The
+//! semaphore a caller waits on belongs to the record, never to the Lua GC.
+
+use crate::ngx::lua::Sema;
+use crate::pool::with_worker;
+
+/// A task's handle as the shim holds it: generation << 32 | slot. A stale or
+/// forged handle names no live record and is refused.
+pub type TaskId = u64;
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum State {
+    Free,
+    /// Queued or running in a pool thread; its caller may wait.
+    Running,
+    /// The result is here; the caller's semaphore was posted.
+    Done,
+    /// Queued or running, but nobody will take the result: free it on
+    /// completion.
+    Abandoned,
+}
+
+struct Slot {
+    gen: u32,
+    state: State,
+    /// Kept across reuse while clean (no unconsumed post).
+    sema: Option<Sema>,
+    /// Posted and not yet consumed by a successful wait: such a semaphore
+    /// still holds a resource and cannot be reused.
+    sema_posted: bool,
+    result: Vec<u8>,
+    failed: bool,
+    /// The request's task list this record is on (NONE when on none).
+    owner: *mut RequestTasks,
+    prev: u32,
+    next: u32,
+}
+
+/// The tasks of one request, allocated in the request's pool; dropping it
+/// (when the pool is destroyed) lets go of every task still on it.
+pub struct RequestTasks {
+    head: u32,
+}
+
+impl RequestTasks {
+    pub fn new() -> RequestTasks {
+        RequestTasks { head: NONE }
+    }
+}
+
+impl Drop for RequestTasks {
+    fn drop(&mut self) {
+        let me: *mut RequestTasks = self;
+        with_worker(|w| {
+            for buf in w.tasks.release_request(me) {
+                w.tasks.recycle(buf);
+            }
+        });
+    }
+}
+
+
+#[derive(Default)]
+pub struct Tasks {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Result buffers kept for reuse, so steady state allocates nothing.
+    spare: Vec<Vec<u8>>,
+}
+
+fn split(id: TaskId) -> (u32, u32) {
+    ((id >> 32) as u32, id as u32)
+}
+
+impl Tasks {
+    /// A buffer for a new task's payload.
+    pub fn buffer(&mut self) -> Vec<u8> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    /// Returns a payload buffer for reuse (small ones only: a 1 MiB payload
+    /// should not pin 1 MiB per spare).
+    pub fn recycle(&mut self, mut buf: Vec<u8>) {
+        const KEEP: usize = 64 * 1024;
+        if buf.capacity() <= KEEP && self.spare.len() < 256 {
+            buf.clear();
+            self.spare.push(buf);
+        }
+    }
+
+    /// A new Running record on `owner`'s list, with a clean semaphore.
+    pub fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, String> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(self.slots.len()).map_err(|_| "too many tasks".to_string())?;
+                self.slots.push(Slot {
+                    gen: 1,
+                    state: State::Free,
+                    sema: None,
+                    sema_posted: false,
+                    result: Vec::new(),
+                    failed: false,
+                    owner: std::ptr::null_mut(),
+                    prev: NONE,
+                    next: NONE,
+                });
+                i
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        if slot.sema.is_none() {
+            match Sema::new() {
+                Ok(s) => slot.sema = Some(s),
+                Err(e) => {
+                    self.free.push(index);
+                    return Err(e);
+                }
+            }
+        }
+        slot.state = State::Running;
+        slot.failed = false;
+        let id = (u64::from(slot.gen) << 32) | u64::from(index);
+        self.link(index, owner);
+        Ok(id)
+    }
+
+    fn slot(&self, id: TaskId) -> Option<&Slot> {
+        let (gen, index) = split(id);
+        self.slots.get(index as usize).filter(|s| s.gen == gen && s.state != State::Free)
+    }
+
+    pub fn state(&self, id: TaskId) -> Option<State> {
+        self.slot(id).map(|s| s.state)
+    }
+
+    pub fn sema(&self, id: TaskId) -> Option<&Sema> {
+        self.slot(id).and_then(|s| s.sema.as_ref())
+    }
+
+    /// The result of a Done task, and whether the handler failed. Reading it
+    /// means the caller's wait consumed the post.
+    pub fn result(&mut self, id: TaskId) -> Option<(&[u8], bool)> {
+        let (gen, index) = split(id);
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.gen != gen || slot.state != State::Done {
+            return None;
+        }
+        slot.sema_posted = false;
+        Some((&slot.result, slot.failed))
+    }
+
+    /// A completion from a pool thread. Returns the payload buffer when no
+    /// one wants it.
+    pub fn complete(&mut self, id: TaskId, payload: Vec<u8>, failed: bool) -> Option<Vec<u8>> {
+        let (gen, index) = split(id);
+        let Some(slot) = self.slots.get_mut(index as usize) else { return Some(payload) };
+        if slot.gen != gen {
+            return Some(payload);
+        }
+        match slot.state {
+            State::Running => {
+                let old = std::mem::replace(&mut slot.result, payload);
+                slot.failed = failed;
+                slot.state = State::Done;
+                if let Some(sema) = &slot.sema {
+                    sema.post();
+                    slot.sema_posted = true;
+                }
+                Some(old)
+            }
+            State::Abandoned => {
+                self.release_index(index);
+                Some(payload)
+            }
+            State::Free | State::Done => Some(payload),
+        }
+    }
+
+    /// The caller is done with the task: a finished record is freed, a
+    /// running one is abandoned (its completion will free it).
+    pub fn release(&mut self, id: TaskId) -> Option<Vec<u8>> {
+        let (gen, index) = split(id);
+        let slot = self.slots.get(index as usize)?;
+        if slot.gen != gen {
+            return None;
+        }
+        match slot.state {
+            State::Running => {
+                self.unlink(index);
+                self.slots[index as usize].state = State::Abandoned;
+                None
+            }
+            State::Done => Some(self.release_index(index)),
+            State::Free | State::Abandoned => None,
+        }
+    }
+
+    fn release_index(&mut self, index: u32) -> Vec<u8> {
+        self.unlink(index);
+        let slot = &mut self.slots[index as usize];
+        if slot.sema_posted {
+            // A post nobody consumed: the semaphore keeps a resource.
+            slot.sema = None;
+            slot.sema_posted = false;
+        }
+        slot.state = State::Free;
+        slot.gen = slot.gen.wrapping_add(1).max(1);
+        self.free.push(index);
+        std::mem::take(&mut slot.result)
+    }
+
+    /// Lets go of every task of a request that is going away.
+    pub fn release_request(&mut self, owner: *mut RequestTasks) -> Vec<Vec<u8>> {
+        let mut bufs = Vec::new();
+        // SAFETY: owner is the RequestTasks being dropped (still valid).
+        while let Some(index) = Some(unsafe { (*owner).head }).filter(|&h| h != NONE) {
+            let slot = &self.slots[index as usize];
+            let id = (u64::from(slot.gen) << 32) | u64::from(index);
+            match self.release(id) {
+                Some(buf) => bufs.push(buf),
+                None => self.unlink(index),
+            }
+        }
+        bufs
+    }
+
+    fn link(&mut self, index: u32, owner: *mut RequestTasks) {
+        // SAFETY: owner is live: it is dropped only through release_request,
+        // which unlinks every record first.
+        let head = unsafe { (*owner).head };
+        {
+            let slot = &mut self.slots[index as usize];
+            slot.owner = owner;
+            slot.prev = NONE;
+            slot.next = head;
+        }
+        if head != NONE {
+            self.slots[head as usize].prev = index;
+        }
+        // SAFETY: as above.
+        unsafe { (*owner).head = index };
+    }
+
+    fn unlink(&mut self, index: u32) {
+        let (owner, prev, next) = {
+            let s = &self.slots[index as usize];
+            (s.owner, s.prev, s.next)
+        };
+        if owner.is_null() {
+            return;
+        }
+        if prev != NONE {
+            self.slots[prev as usize].next = next;
+        } else {
+            // SAFETY: a linked record's owner is live (see link).
+            unsafe { (*owner).head = next };
+        }
+        if next != NONE {
+            self.slots[next as usize].prev = prev;
+        }
+        let s = &mut self.slots[index as usize];
+        s.owner = std::ptr::null_mut();
+        s.prev = NONE;
+        s.next = NONE;
+    }
+
+    /// Drops every record and semaphore (worker exit).
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.free.clear();
+        self.spare.clear();
+    }
+}

@@ -1,0 +1,294 @@
+//! Starts Debian's real nginx with lua-nginx-module and this module under a
+//! temporary prefix on loopback, and speaks HTTP/1.1 to it.
+#![allow(dead_code)] // each test binary uses its own part of this file
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub const NGINX: &str = "/usr/sbin/nginx";
+pub const MODULES: &str = "/usr/lib/nginx/modules";
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn module_path() -> PathBuf {
+    let p = repo().join("target/release/libngx_threadpool.so");
+    assert!(p.exists(), "{} missing: run `make build` (cargo build --release) first", p.display());
+    p
+}
+
+/// A fresh prefix directory with conf/ and logs/.
+pub fn prefix(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "ngx_threadpool-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("conf")).unwrap();
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    dir
+}
+
+/// A free loopback port (bound and released; the race is harmless here).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A whole nginx.conf: the module lines, `main` at top level (thread_pool
+/// declarations), and `http` inside the http block, where `$PORT` stands
+/// for the server's port.
+pub fn config(port: u16, workers: usize, main: &str, http: &str) -> String {
+    format!(
+        r#"load_module {MODULES}/ndk_http_module.so;
+load_module {MODULES}/ngx_http_lua_module.so;
+load_module {module};
+daemon off;
+master_process on;
+worker_processes {workers};
+error_log logs/error.log info;
+pid logs/nginx.pid;
+events {{ worker_connections 1024; }}
+{main}
+http {{
+    access_log off;
+    lua_package_path "{repo}/lua/?.lua;;";
+{http}
+}}
+"#,
+        module = module_path().display(),
+        repo = repo().display(),
+        http = http.replace("$PORT", &port.to_string()),
+    )
+}
+
+pub struct Nginx {
+    pub dir: PathBuf,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl Nginx {
+    /// Starts nginx with `main` and `http` (see `config`) and one worker.
+    pub fn start(main: &str, http: &str) -> Nginx {
+        Nginx::start_with(1, main, http, &[])
+    }
+
+    /// As `start`, with `workers` workers and extra files in conf/.
+    pub fn start_with(workers: usize, main: &str, http: &str, files: &[(&str, &str)]) -> Nginx {
+        let dir = prefix("run");
+        let port = free_port();
+        for (name, body) in files {
+            std::fs::write(dir.join("conf").join(name), body).unwrap();
+        }
+        std::fs::write(dir.join("conf/nginx.conf"), config(port, workers, main, http)).unwrap();
+        let child = Command::new(NGINX)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg("conf/nginx.conf")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start nginx");
+        let mut n = Nginx { dir, port, child: Some(child) };
+        n.wait_ready();
+        n
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && self.workers().len() > 0 {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                let mut err = String::new();
+                self.child.as_mut().unwrap().stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                panic!("nginx exited with {status}: {err}\nerror.log:\n{}", self.error_log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("nginx did not start listening\nerror.log:\n{}", self.error_log());
+    }
+
+    pub fn master_pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// The worker processes of this nginx (children of the master).
+    pub fn workers(&self) -> Vec<u32> {
+        children_of(self.master_pid())
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.master_pid().to_string()).status().unwrap();
+        assert!(ok.success());
+    }
+
+    /// Sends QUIT and waits for the master to exit; returns whether it did
+    /// within `limit`.
+    pub fn quit(&mut self, limit: Duration) -> bool {
+        self.signal("QUIT");
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut().unwrap();
+        while Instant::now() < deadline {
+            if child.try_wait().unwrap().is_some() {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("logs/error.log")).unwrap_or_default()
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        request(self.port, "GET", path, &[], b"")
+    }
+
+    pub fn post(&self, path: &str, body: &[u8]) -> Response {
+        request(self.port, "POST", path, &[], body)
+    }
+
+    /// Fails the test if the error log shows a crash or a leak alert.
+    pub fn assert_clean_log(&self) {
+        let log = self.error_log();
+        for bad in ["signal 11", "signal 6", "signal 7", "exited on signal", "[alert]", "[emerg]", "panic"] {
+            assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// Threads of a process, from /proc.
+pub fn thread_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Resident set size of a process in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `nginx -t` on a configuration; returns its output.
+pub fn nginx_test(main: &str, http: &str, files: &[(&str, &str)]) -> Output {
+    let dir = prefix("t");
+    for (name, body) in files {
+        std::fs::write(dir.join("conf").join(name), body).unwrap();
+    }
+    std::fs::write(dir.join("conf/nginx.conf"), config(free_port(), 1, main, http)).unwrap();
+    Command::new(NGINX).arg("-t").arg("-p").arg(&dir).arg("-c").arg("conf/nginx.conf").output().unwrap()
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One HTTP/1.1 request on a new connection (Connection: close).
+pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read response");
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> Response {
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("no header end") + 4;
+    let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut body = raw[head_end..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    Response { status, body }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+/// Waits until `f` holds, polling, for at most `limit`.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
