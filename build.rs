@@ -13,7 +13,10 @@ fn main() {
     let src = PathBuf::from(env::var("NGX_SRC").unwrap_or_else(|_| "/usr/share/nginx/src".into()));
     println!("cargo:rerun-if-env-changed=NGX_SRC");
     println!("cargo:rerun-if-changed=wrapper.h");
-    println!("cargo:rerun-if-changed={}", src.join("src/core/nginx.h").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        src.join("src/core/nginx.h").display()
+    );
 
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let tree = out.join("nginx");
@@ -22,7 +25,8 @@ fn main() {
     let mut builder = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_item("ngx_.*|NGX_.*|nginx_version|NGINX_.*")
-        .allowlist_function("eventfd|pthread_self")
+        .allowlist_function("sigfillset|sigdelset|pthread_sigmask")
+        .allowlist_var("SIGILL|SIGFPE|SIGSEGV|SIGBUS|SIG_BLOCK")
         .layout_tests(false)
         .derive_default(true)
         .generate_comments(false)
@@ -52,7 +56,9 @@ fn configure(src: &Path, tree: &Path) {
     };
     run(Command::new("bash")
         .arg("-c")
-        .arg(format!("{flags} >configure.log 2>&1 || {{ cat configure.log >&2; exit 1; }}"))
+        .arg(format!(
+            "{flags} >configure.log 2>&1 || {{ cat configure.log >&2; exit 1; }}"
+        ))
         .current_dir(tree));
 }
 

@@ -44,7 +44,14 @@ impl MainConf {
         let text = std::str::from_utf8(name).map_err(|_| "pool name is not UTF-8".to_string())?;
         // SAFETY: cf is the configuration being parsed.
         let pool = unsafe { ThreadPool::add(cf.raw(), name) }.ok_or("no memory")?;
-        self.pools.push(PoolConf { name: text.into(), pool, init: None, process: None, threads: 0, max_queue: 0 });
+        self.pools.push(PoolConf {
+            name: text.into(),
+            pool,
+            init: None,
+            process: None,
+            threads: 0,
+            max_queue: 0,
+        });
         Ok(self.pools.last_mut().unwrap())
     }
 
@@ -66,11 +73,21 @@ impl MainConf {
 }
 
 /// The setter of every `thread_pool_{init,process}_by_lua[_file]`.
-pub unsafe extern "C" fn set_chunk(cf: *mut sys::ngx_conf_t, cmd: *mut sys::ngx_command_t, conf: *mut c_void) -> *mut c_char {
+pub unsafe extern "C" fn set_chunk(
+    cf: *mut sys::ngx_conf_t,
+    cmd: *mut sys::ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
     crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
         // SAFETY: nginx passes the parsed configuration, this command and
         // our main conf (created by create_main_conf).
-        let (cf, kind, main) = unsafe { (Conf::from_raw(cf), (*cmd).post as usize, &mut *(conf as *mut MainConf)) };
+        let (cf, kind, main) = unsafe {
+            (
+                Conf::from_raw(cf),
+                (*cmd).post as usize,
+                &mut *(conf as *mut MainConf),
+            )
+        };
         match set_chunk_in(cf, kind, main) {
             Ok(()) => NGX_CONF_OK,
             Err(msg) => cf.error(&msg),
@@ -84,11 +101,18 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String
     let directive = String::from_utf8_lossy(directive).into_owned();
     let chunk = if kind & FILE != 0 {
         let path = cf.full_path(arg);
-        let code = std::fs::read(&path).map_err(|e| format!("cannot read \"{}\": {e}", path.display()))?;
-        Chunk { code, name: format!("@{}", path.display()) }
+        let code =
+            std::fs::read(&path).map_err(|e| format!("cannot read \"{}\": {e}", path.display()))?;
+        Chunk {
+            code,
+            name: format!("@{}", path.display()),
+        }
     } else {
         let short = directive.trim_end_matches("_file");
-        Chunk { code: arg.to_vec(), name: format!("={short}({})", cf.position()) }
+        Chunk {
+            code: arg.to_vec(),
+            name: format!("={short}({})", cf.position()),
+        }
     };
     let style = chunk::check(&chunk).map_err(|e| format!("failed to compile: {e}"))?;
     let pool = main.pool_mut(cf, name)?;

@@ -134,7 +134,11 @@ pub unsafe extern "C" fn ngx_threadpool_wait(
 /// # Safety
 /// `data` and `len` must be writable.
 #[no_mangle]
-pub unsafe extern "C" fn ngx_threadpool_result(task: TaskId, data: *mut *const u8, len: *mut usize) -> c_int {
+pub unsafe extern "C" fn ngx_threadpool_result(
+    task: TaskId,
+    data: *mut *const u8,
+    len: *mut usize,
+) -> c_int {
     no_unwind("result", ERROR, || {
         with_worker(|w| match w.tasks.result(task) {
             Some((payload, failed)) => {

@@ -36,7 +36,9 @@ pub fn install() -> Result<(), String> {
     // threads support.
     unsafe {
         let actions = &raw mut sys::ngx_event_actions;
-        let current = (*actions).notify.ok_or("the event method has no notify (use epoll)")?;
+        let current = (*actions)
+            .notify
+            .ok_or("the event method has no notify (use epoll)")?;
         if current as usize != multiplex as Notify as usize {
             ORIGINAL.store(current as usize, Ordering::SeqCst);
             std::ptr::write_volatile(&raw mut (*actions).notify, Some(multiplex));

@@ -70,16 +70,28 @@ impl Worker {
             let (tx, rx) = bounded::<Job>(max_queue);
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
-                let (thread_spec, rx, done, stopping) = (spec.clone(), rx.clone(), done_tx.clone(), stopping.clone());
+                let (thread_spec, rx, done, stopping) =
+                    (spec.clone(), rx.clone(), done_tx.clone(), stopping.clone());
                 let handle = std::thread::Builder::new()
                     .name(format!("tp {}", spec.pool))
                     .spawn(move || thread_main(thread_spec, i, rx, done, stopping))
-                    .map_err(|e| format!("thread pool \"{}\": cannot start a thread: {e}", spec.pool))?;
+                    .map_err(|e| {
+                        format!("thread pool \"{}\": cannot start a thread: {e}", spec.pool)
+                    })?;
                 handles.push(handle);
             }
-            pools.push(Pool { name: spec.pool, jobs: Some(tx), threads: handles });
+            pools.push(Pool {
+                name: spec.pool,
+                jobs: Some(tx),
+                threads: handles,
+            });
         }
-        let worker = Worker { pools, completions: done_rx, tasks: Tasks::default(), stopping };
+        let worker = Worker {
+            pools,
+            completions: done_rx,
+            tasks: Tasks::default(),
+            stopping,
+        };
         WORKER.with(|w| *w.borrow_mut() = Some(worker));
         Ok(())
     }
@@ -90,7 +102,12 @@ impl Worker {
     }
 
     /// Queues a task for pool `pool` with the encoded arguments `args`.
-    pub fn push(&mut self, pool: usize, owner: *mut RequestTasks, args: &[u8]) -> Result<TaskId, PushError> {
+    pub fn push(
+        &mut self,
+        pool: usize,
+        owner: *mut RequestTasks,
+        args: &[u8],
+    ) -> Result<TaskId, PushError> {
         let jobs = self
             .pools
             .get(pool)
@@ -111,7 +128,11 @@ impl Worker {
                 if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
                     self.tasks.recycle(buf);
                 }
-                Err(if full { PushError::Full } else { PushError::Other("thread pool is stopped".into()) })
+                Err(if full {
+                    PushError::Full
+                } else {
+                    PushError::Other("thread pool is stopped".into())
+                })
             }
         }
     }
@@ -131,7 +152,9 @@ impl Worker {
 /// runaway loop cannot be interrupted) is left behind after `grace`, so exit
 /// never hangs; the process ends it.
 pub fn stop(grace: Duration) {
-    let Some(mut worker) = WORKER.with(|w| w.borrow_mut().take()) else { return };
+    let Some(mut worker) = WORKER.with(|w| w.borrow_mut().take()) else {
+        return;
+    };
     worker.stopping.store(true, Ordering::SeqCst);
     for p in &mut worker.pools {
         p.jobs = None;
@@ -155,16 +178,28 @@ pub fn stop(grace: Duration) {
     worker.tasks.clear();
 }
 
-fn thread_main(spec: Spec, index: usize, jobs: Receiver<Job>, done: Sender<Completion>, stopping: Arc<AtomicBool>) {
+fn thread_main(
+    spec: Spec,
+    index: usize,
+    jobs: Receiver<Job>,
+    done: Sender<Completion>,
+    stopping: Arc<AtomicBool>,
+) {
+    crate::ngx::signals::block_async_signals();
     let log = spec.log;
     let report = |level, msg: &str| match log {
         Some(l) => l.write(level, msg.as_bytes()),
         None => eprintln!("{msg}"),
     };
-    let vm = crate::ngx::guard::catch(|| ThreadVm::new(&spec)).and_then(|r| r).map_err(|e| {
-        report(crate::ngx::log::NGX_LOG_ERR, &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool));
-        format!("thread pool \"{}\" is not usable: {e}", spec.pool)
-    });
+    let vm = crate::ngx::guard::catch(|| ThreadVm::new(&spec))
+        .and_then(|r| r)
+        .map_err(|e| {
+            report(
+                crate::ngx::log::NGX_LOG_ERR,
+                &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool),
+            );
+            format!("thread pool \"{}\" is not usable: {e}", spec.pool)
+        });
     for mut job in jobs.iter() {
         if stopping.load(Ordering::Relaxed) {
             continue;
@@ -174,7 +209,14 @@ fn thread_main(spec: Spec, index: usize, jobs: Receiver<Job>, done: Sender<Compl
                 .unwrap_or_else(|panic| vm::fail(&mut job.payload, &panic)),
             Err(msg) => vm::fail(&mut job.payload, msg),
         };
-        if done.send(Completion { task: job.task, payload: job.payload, failed }).is_err() {
+        if done
+            .send(Completion {
+                task: job.task,
+                payload: job.payload,
+                failed,
+            })
+            .is_err()
+        {
             break;
         }
         notify::wake();

@@ -66,7 +66,6 @@ impl Drop for RequestTasks {
     }
 }
 
-
 #[derive(Default)]
 pub struct Tasks {
     slots: Vec<Slot>,
@@ -100,7 +99,8 @@ impl Tasks {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i = u32::try_from(self.slots.len()).map_err(|_| "too many tasks".to_string())?;
+                let i =
+                    u32::try_from(self.slots.len()).map_err(|_| "too many tasks".to_string())?;
                 self.slots.push(Slot {
                     gen: 1,
                     state: State::Free,
@@ -134,7 +134,9 @@ impl Tasks {
 
     fn slot(&self, id: TaskId) -> Option<&Slot> {
         let (gen, index) = split(id);
-        self.slots.get(index as usize).filter(|s| s.gen == gen && s.state != State::Free)
+        self.slots
+            .get(index as usize)
+            .filter(|s| s.gen == gen && s.state != State::Free)
     }
 
     pub fn state(&self, id: TaskId) -> Option<State> {
@@ -161,7 +163,9 @@ impl Tasks {
     /// one wants it.
     pub fn complete(&mut self, id: TaskId, payload: Vec<u8>, failed: bool) -> Option<Vec<u8>> {
         let (gen, index) = split(id);
-        let Some(slot) = self.slots.get_mut(index as usize) else { return Some(payload) };
+        let Some(slot) = self.slots.get_mut(index as usize) else {
+            return Some(payload);
+        };
         if slot.gen != gen {
             return Some(payload);
         }

@@ -25,7 +25,8 @@ impl Conf {
         // lives in the cycle's pool.
         unsafe {
             let args = (*self.0).args;
-            let words = std::slice::from_raw_parts((*args).elts as *const sys::ngx_str_t, (*args).nelts);
+            let words =
+                std::slice::from_raw_parts((*args).elts as *const sys::ngx_str_t, (*args).nelts);
             words.iter().map(|w| super::str_bytes(w)).collect()
         }
     }
@@ -77,7 +78,14 @@ impl Conf {
     pub fn emerg(&self, msg: &str) {
         // SAFETY: "%*s" takes a length and a pointer to that many bytes.
         unsafe {
-            sys::ngx_conf_log_error(sys::NGX_LOG_EMERG as usize, self.0, 0, c"%*s".as_ptr(), msg.len(), msg.as_ptr())
+            sys::ngx_conf_log_error(
+                sys::NGX_LOG_EMERG as usize,
+                self.0,
+                0,
+                c"%*s".as_ptr(),
+                msg.len(),
+                msg.as_ptr(),
+            )
         }
     }
 }
@@ -90,12 +98,16 @@ pub const NGX_CONF_ERROR: *mut c_char = usize::MAX as *mut c_char;
 ///
 /// # Safety
 /// `cycle` must be a live cycle whose configuration has been parsed.
-pub unsafe fn http_main_conf(cycle: *mut sys::ngx_cycle_t, module: *const sys::ngx_module_t) -> *mut std::ffi::c_void {
+pub unsafe fn http_main_conf(
+    cycle: *mut sys::ngx_cycle_t,
+    module: *const sys::ngx_module_t,
+) -> *mut std::ffi::c_void {
     // SAFETY: conf_ctx[ngx_http_module.index] is the http block's
     // ngx_http_conf_ctx_t (null without one); main_conf has a slot per
     // http module, indexed by ctx_index.
     unsafe {
-        let ctx = *(*cycle).conf_ctx.add(sys::ngx_http_module.index) as *mut sys::ngx_http_conf_ctx_t;
+        let ctx =
+            *(*cycle).conf_ctx.add(sys::ngx_http_module.index) as *mut sys::ngx_http_conf_ctx_t;
         if ctx.is_null() {
             return std::ptr::null_mut();
         }

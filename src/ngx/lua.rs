@@ -14,7 +14,11 @@ pub struct RawSema {
 
 unsafe extern "C" {
     static mut ngx_http_lua_module: sys::ngx_module_t;
-    fn ngx_http_lua_ffi_sema_new(psem: *mut *mut RawSema, n: c_int, errmsg: *mut *const c_char) -> c_int;
+    fn ngx_http_lua_ffi_sema_new(
+        psem: *mut *mut RawSema,
+        n: c_int,
+        errmsg: *mut *const c_char,
+    ) -> c_int;
     fn ngx_http_lua_ffi_sema_post(sem: *mut RawSema, n: c_int) -> c_int;
     fn ngx_http_lua_ffi_sema_wait(
         r: *mut sys::ngx_http_request_t,
@@ -40,7 +44,9 @@ impl Sema {
         match NonNull::new(raw) {
             Some(sem) if rc == sys::NGX_OK as c_int => Ok(Sema(sem)),
             // SAFETY: on failure err points to a static message.
-            _ if !err.is_null() => Err(unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned()),
+            _ if !err.is_null() => Err(unsafe { CStr::from_ptr(err) }
+                .to_string_lossy()
+                .into_owned()),
             _ => Err("cannot create a semaphore".into()),
         }
     }
@@ -59,7 +65,13 @@ impl Sema {
     /// # Safety
     /// `r` must be the request of the running Lua handler; `err` must hold
     /// `*errlen` writable bytes.
-    pub unsafe fn wait(&self, r: *mut sys::ngx_http_request_t, ms: c_int, err: *mut u8, errlen: *mut usize) -> c_int {
+    pub unsafe fn wait(
+        &self,
+        r: *mut sys::ngx_http_request_t,
+        ms: c_int,
+        err: *mut u8,
+        errlen: *mut usize,
+    ) -> c_int {
         // SAFETY: forwarded from the caller.
         unsafe { ngx_http_lua_ffi_sema_wait(r, self.0.as_ptr(), ms, err, errlen) }
     }
@@ -83,7 +95,8 @@ pub unsafe fn package_paths(cycle: *mut sys::ngx_cycle_t) -> Option<(Vec<u8>, Ve
     // (ngx_http_lua_main_conf_t, unchanged since 0.9).
     // SAFETY: the caller vouches for cycle; the lua module is linked.
     let l = unsafe {
-        let lmcf = super::conf::http_main_conf(cycle, &raw const ngx_http_lua_module) as *const *mut lua::lua_State;
+        let lmcf = super::conf::http_main_conf(cycle, &raw const ngx_http_lua_module)
+            as *const *mut lua::lua_State;
         if lmcf.is_null() || (*lmcf).is_null() {
             return None;
         }

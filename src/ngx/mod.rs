@@ -10,6 +10,7 @@ pub mod log;
 pub mod lua;
 pub mod module;
 pub mod pool;
+pub mod signals;
 pub mod thread_pool;
 
 pub use bindings as sys;
@@ -31,5 +32,8 @@ pub unsafe fn str_bytes<'a>(s: &sys::ngx_str_t) -> &'a [u8] {
 /// A static `ngx_str_t` for tables nginx reads. The data stays
 /// NUL-terminated: nginx matches directive names with strcmp.
 pub const fn ngx_string(s: &'static std::ffi::CStr) -> sys::ngx_str_t {
-    sys::ngx_str_t { len: s.count_bytes(), data: s.as_ptr() as *mut u8 }
+    sys::ngx_str_t {
+        len: s.count_bytes(),
+        data: s.as_ptr() as *mut u8,
+    }
 }

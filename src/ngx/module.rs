@@ -5,8 +5,11 @@ use std::ffi::{c_char, c_void};
 use std::ptr;
 
 /// A directive's setter, as nginx calls it.
-pub type Setter =
-    unsafe extern "C" fn(cf: *mut sys::ngx_conf_t, cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char;
+pub type Setter = unsafe extern "C" fn(
+    cf: *mut sys::ngx_conf_t,
+    cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char;
 
 /// One directive; `post` carries data for a setter shared by several names.
 pub const fn command(name: ngx_str_t, type_: u32, set: Setter, post: usize) -> ngx_command_t {
@@ -22,7 +25,10 @@ pub const fn command(name: ngx_str_t, type_: u32, set: Setter, post: usize) -> n
 
 /// The terminator of a command table.
 pub const NULL_COMMAND: ngx_command_t = ngx_command_t {
-    name: ngx_str_t { len: 0, data: ptr::null_mut() },
+    name: ngx_str_t {
+        len: 0,
+        data: ptr::null_mut(),
+    },
     type_: 0,
     set: None,
     conf: 0,

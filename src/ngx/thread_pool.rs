@@ -32,7 +32,10 @@ impl ThreadPool {
     /// # Safety
     /// `cf` must be the configuration being parsed.
     pub unsafe fn add(cf: *mut sys::ngx_conf_t, name: &[u8]) -> Option<ThreadPool> {
-        let mut s = sys::ngx_str_t { len: name.len(), data: name.as_ptr() as *mut u8 };
+        let mut s = sys::ngx_str_t {
+            len: name.len(),
+            data: name.as_ptr() as *mut u8,
+        };
         // SAFETY: nginx copies nothing and keeps s.data; name comes from the
         // directive's arguments, which live in the cycle's pool.
         let tp = unsafe { sys::ngx_thread_pool_add(cf, &mut s) };

@@ -25,7 +25,10 @@ pub enum Style {
 impl Chunk {
     /// Compiles the chunk in `lua`.
     pub fn load(&self, lua: &Lua) -> Result<Function, String> {
-        lua.load(&self.code[..]).set_name(&self.name).into_function().map_err(|e| error_text(&e))
+        lua.load(&self.code[..])
+            .set_name(&self.name)
+            .into_function()
+            .map_err(|e| error_text(&e))
     }
 }
 
@@ -66,7 +69,11 @@ pub fn style_of(lua: &Lua, f: &Function) -> Result<Style, String> {
         .set_name("=style")
         .call(f)
         .map_err(|e| error_text(&e))?;
-    Ok(if uses_varargs { Style::PerTask } else { Style::Factory })
+    Ok(if uses_varargs {
+        Style::PerTask
+    } else {
+        Style::Factory
+    })
 }
 
 /// The message of a Lua error without mlua's decorations.
@@ -84,19 +91,31 @@ mod tests {
     use super::*;
 
     fn chunk(code: &str) -> Chunk {
-        Chunk { code: code.as_bytes().to_vec(), name: "=test".into() }
+        Chunk {
+            code: code.as_bytes().to_vec(),
+            name: "=test".into(),
+        }
     }
 
     #[test]
     fn per_task_when_top_level_uses_varargs() {
-        assert_eq!(check(&chunk("local arg = ... return arg:upper()")), Ok(Style::PerTask));
+        assert_eq!(
+            check(&chunk("local arg = ... return arg:upper()")),
+            Ok(Style::PerTask)
+        );
         assert_eq!(check(&chunk("return select('#', ...)")), Ok(Style::PerTask));
     }
 
     #[test]
     fn factory_when_varargs_only_in_nested_function() {
-        assert_eq!(check(&chunk("local x = 1 return function(...) return ... end")), Ok(Style::Factory));
-        assert_eq!(check(&chunk("return function(a) return a end")), Ok(Style::Factory));
+        assert_eq!(
+            check(&chunk("local x = 1 return function(...) return ... end")),
+            Ok(Style::Factory)
+        );
+        assert_eq!(
+            check(&chunk("return function(a) return a end")),
+            Ok(Style::Factory)
+        );
     }
 
     #[test]

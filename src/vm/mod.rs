@@ -44,25 +44,30 @@ impl ThreadVm {
             }
             ngx_api::install(&lua, &spec.pool, spec.log).map_err(|e| error_text(&e))?;
             if let Some(init) = &spec.init {
-                init.load(&lua)?.call::<()>(()).map_err(|e| format!("init: {}", error_text(&e)))?;
+                init.load(&lua)?
+                    .call::<()>(())
+                    .map_err(|e| format!("init: {}", error_text(&e)))?;
             }
             let process = spec.process.load(&lua)?;
             let handler = match spec.style {
                 Style::PerTask => process,
                 Style::Factory => match process.call::<Value>(()).map_err(|e| error_text(&e))? {
                     Value::Function(f) => f,
-                    other => {
-                        return Err(format!(
-                            "process chunk {} does not use ... and returned {} instead of a function",
-                            spec.process.name.trim_start_matches(['=', '@']),
-                            other.type_name()
-                        ))
-                    }
+                    other => return Err(format!(
+                        "process chunk {} does not use ... and returned {} instead of a function",
+                        spec.process.name.trim_start_matches(['=', '@']),
+                        other.type_name()
+                    )),
                 },
             };
             lua.load("local h, pcall = ... return function(...) return pcall(h, ...) end")
                 .set_name("=ngx_threadpool.call")
-                .call((handler, lua.globals().get::<Function>("pcall").map_err(|e| error_text(&e))?))
+                .call((
+                    handler,
+                    lua.globals()
+                        .get::<Function>("pcall")
+                        .map_err(|e| error_text(&e))?,
+                ))
                 .map_err(|e| error_text(&e))
         };
         let call = setup()?;
@@ -93,7 +98,10 @@ impl ThreadVm {
             // else its tostring.
             let err: MultiValue = out.into_iter().take(1).collect();
             if codec::encode_values(&err, payload, "error value").is_err() {
-                let text = err.front().map(|v| v.to_string().unwrap_or_default()).unwrap_or_default();
+                let text = err
+                    .front()
+                    .map(|v| v.to_string().unwrap_or_default())
+                    .unwrap_or_default();
                 return fail(payload, &text);
             }
             true

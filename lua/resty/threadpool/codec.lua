@@ -1,0 +1,751 @@
+-- MessagePack codec for values crossing between the nginx event loop's
+-- LuaJIT VM and the thread pool's LuaJIT VMs.  The Rust side (src/codec.rs)
+-- implements the same wire format and must agree byte for byte:
+--
+--   payload := uint(n) map(k) { uint(position) value }*k
+--
+-- n is select('#', ...); only non-nil top-level values are in the map, so
+-- nils (trailing ones included) survive the trip.
+
+local ffi = require "ffi"
+local buffer = require "string.buffer"
+
+local bit = require "bit"
+local band = bit.band
+local rshift = bit.rshift
+
+local ffi_string = ffi.string
+local ffi_cast = ffi.cast
+local ffi_new = ffi.new
+local ffi_typeof = ffi.typeof
+
+local type = type
+local next = next
+local select = select
+local rawget = rawget
+local rawequal = rawequal
+local tostring = tostring
+local pcall = pcall
+local require = require
+local floor = math.floor
+local byte = string.byte
+local char = string.char
+local format = string.format
+local gsub = string.gsub
+local unpack = unpack or table.unpack
+
+local ok, new_tab = pcall(require, "table.new")
+if not ok then
+    new_tab = function() return {} end
+end
+
+local nkeys
+ok, nkeys = pcall(require, "table.nkeys")
+if not ok then
+    nkeys = function(t)
+        local c = 0
+        local k = next(t)
+        while not rawequal(k, nil) do
+            c = c + 1
+            k = next(t, k)
+        end
+        return c
+    end
+end
+
+-- ngx.null is a NULL light userdata.  Outside OpenResty the string.buffer
+-- serializer's documented "null" tag (0x03) yields the very same value.
+local ngx = ngx
+local null = ngx and ngx.null or buffer.decode("\3")
+
+local MAX_DEPTH = 100
+local MAX_PAYLOAD = 16 * 1024 * 1024
+local MAX_VALUES = 4096
+
+local TWO32 = 4294967296
+local TWO63 = 9223372036854775808
+
+local u8p_t = ffi_typeof("const uint8_t *")
+
+-- Scratch unions for float <-> bytes; reused, so float I/O allocates nothing.
+local f64 = ffi_new("union { double d; uint8_t b[8]; }")
+local f32 = ffi_new("union { float f; uint8_t b[4]; }")
+local LE = ffi.abi("le")
+
+-- One-byte strings, so writing a byte never creates a string.
+local BYTE = new_tab(256, 1)
+for i = 0, 255 do
+    BYTE[i] = char(i)
+end
+
+-- Tables on the path from the top-level value to the one being encoded.
+-- A module-level stack (cleared on the way out) keeps cycle detection free
+-- of per-call allocation.
+local stack = new_tab(MAX_DEPTH + 1, 0)
+
+local _M = {
+    version = "0.1",
+    MAX_DEPTH = MAX_DEPTH,
+    MAX_PAYLOAD = MAX_PAYLOAD,
+    MAX_VALUES = MAX_VALUES,
+    null = null,
+}
+
+-- Error kinds returned (never thrown) by the encoder; the message is built
+-- only once, at the top, so the success path does no string work.
+local E_TYPE = 1
+local E_KEY = 2
+local E_CYCLE = 3
+local E_DEEP = 4
+local E_SIZE = 5
+
+local function put_u32(buf, x)
+    buf:put(BYTE[rshift(x, 24)], BYTE[band(rshift(x, 16), 255)],
+            BYTE[band(rshift(x, 8), 255)], BYTE[band(x, 255)])
+end
+
+local function put_int(buf, x)
+    if x >= 0 then
+        if x < 128 then
+            buf:put(BYTE[x])
+        elseif x < 256 then
+            buf:put("\204", BYTE[x])
+        elseif x < 65536 then
+            buf:put("\205", BYTE[rshift(x, 8)], BYTE[band(x, 255)])
+        elseif x < TWO32 then
+            buf:put("\206")
+            put_u32(buf, x)
+        else
+            local hi = floor(x / TWO32)
+            buf:put("\207")
+            put_u32(buf, hi)
+            put_u32(buf, x - hi * TWO32)
+        end
+    elseif x >= -32 then
+        buf:put(BYTE[x + 256])
+    elseif x >= -128 then
+        buf:put("\208", BYTE[x + 256])
+    elseif x >= -32768 then
+        local u = x + 65536
+        buf:put("\209", BYTE[rshift(u, 8)], BYTE[band(u, 255)])
+    elseif x >= -2147483648 then
+        -- bit ops see x as an int32, i.e. already in two's complement
+        buf:put("\210")
+        put_u32(buf, x)
+    else
+        local hi = floor(x / TWO32)
+        buf:put("\211")
+        put_u32(buf, hi)
+        put_u32(buf, x - hi * TWO32)
+    end
+end
+
+local function put_number(buf, x)
+    -- Integral, in int64 range and not -0.0: smallest int; else float64.
+    if x == floor(x) and x >= -TWO63 and x < TWO63
+       and (x ~= 0 or 1 / x > 0)
+    then
+        return put_int(buf, x)
+    end
+    f64.d = x
+    local b = f64.b
+    if LE then
+        buf:put("\203", BYTE[b[7]], BYTE[b[6]], BYTE[b[5]], BYTE[b[4]],
+                BYTE[b[3]], BYTE[b[2]], BYTE[b[1]], BYTE[b[0]])
+    else
+        buf:put("\203", BYTE[b[0]], BYTE[b[1]], BYTE[b[2]], BYTE[b[3]],
+                BYTE[b[4]], BYTE[b[5]], BYTE[b[6]], BYTE[b[7]])
+    end
+end
+
+-- Strings always go out as bin: it is binary safe and needs no UTF-8 check.
+-- Returns true when the payload would grow past MAX_PAYLOAD (checked before
+-- copying, so a huge string is never copied just to be refused).
+local function put_string(buf, s, start)
+    local len = #s
+    if len < 256 then
+        if #buf - start + 2 + len > MAX_PAYLOAD then
+            return true
+        end
+        buf:put("\196", BYTE[len], s)
+    elseif len < 65536 then
+        if #buf - start + 3 + len > MAX_PAYLOAD then
+            return true
+        end
+        buf:put("\197", BYTE[rshift(len, 8)], BYTE[band(len, 255)], s)
+    else
+        if #buf - start + 5 + len > MAX_PAYLOAD then
+            return true
+        end
+        buf:put("\198")
+        put_u32(buf, len)
+        buf:put(s)
+    end
+    return false
+end
+
+local put_value
+
+-- Error path only.  Mirrors the Rust side's path rendering exactly.
+local ESC = {
+    ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r",
+    ["\t"] = "\\t",
+}
+
+local function escape_char(c)
+    return ESC[c] or format("\\%03d", byte(c))
+end
+
+local function key_segment(k)
+    local tk = type(k)
+    if tk == "string" then
+        return '["' .. gsub(k, '[%c"\\\128-\255]', escape_char) .. '"]'
+    end
+    if tk == "number" then
+        return "[" .. tostring(k) .. "]"
+    end
+    if tk == "boolean" then
+        return k and "[true]" or "[false]"
+    end
+    return "[" .. tk .. "]"
+end
+
+-- Returns nothing on success, or kind, detail, path on error.
+-- User values are compared with nil through rawequal: a NULL cdata pointer
+-- is == nil in LuaJIT, and must be refused as cdata, not taken for a nil.
+local function put_table(buf, t, level, start)
+    for i = 1, level - 1 do
+        if rawequal(stack[i], t) then
+            return E_CYCLE, nil, ""
+        end
+    end
+    if level > MAX_DEPTH then
+        return E_DEEP, nil, ""
+    end
+
+    local cnt = nkeys(t)
+    if cnt == 0 then
+        buf:put("\128")
+        return
+    end
+
+    stack[level] = t
+
+    -- Array iff the keys are exactly 1..cnt: then #t is that (only) border.
+    local n = #t
+    local array = n == cnt
+    if array then
+        for i = 1, n do
+            if rawequal(rawget(t, i), nil) then
+                array = false
+                break
+            end
+        end
+    end
+
+    if array then
+        if n < 16 then
+            buf:put(BYTE[0x90 + n])
+        elseif n < 65536 then
+            buf:put("\220", BYTE[rshift(n, 8)], BYTE[band(n, 255)])
+        else
+            buf:put("\221")
+            put_u32(buf, n)
+        end
+        for i = 1, n do
+            local kind, detail, path = put_value(buf, rawget(t, i), level,
+                                                 start)
+            if kind then
+                stack[level] = nil
+                return kind, detail, "[" .. i .. "]" .. path
+            end
+        end
+        stack[level] = nil
+        return
+    end
+
+    if cnt < 16 then
+        buf:put(BYTE[0x80 + cnt])
+    elseif cnt < 65536 then
+        buf:put("\222", BYTE[rshift(cnt, 8)], BYTE[band(cnt, 255)])
+    else
+        buf:put("\223")
+        put_u32(buf, cnt)
+    end
+
+    local k, v = next(t)
+    while not rawequal(k, nil) do
+        local tk = type(k)
+        local kind, detail, path
+        if tk == "string" then
+            if put_string(buf, k, start) then
+                stack[level] = nil
+                return E_SIZE, nil, ""
+            end
+        elseif tk == "number" then
+            put_number(buf, k)
+        elseif tk == "boolean" then
+            buf:put(k and "\195" or "\194")
+        elseif tk == "table" then
+            kind, detail, path = put_table(buf, k, level + 1, start)
+            if kind then
+                stack[level] = nil
+                return kind, detail, "(key)" .. path
+            end
+        else
+            -- ngx.null too: it would come back as a key nobody can look up
+            stack[level] = nil
+            return E_KEY, tk, ""
+        end
+
+        kind, detail, path = put_value(buf, v, level, start)
+        if kind then
+            stack[level] = nil
+            return kind, detail, key_segment(k) .. path
+        end
+        k, v = next(t, k)
+    end
+    stack[level] = nil
+end
+
+-- level: number of tables enclosing v.
+put_value = function(buf, v, level, start)
+    local tv = type(v)
+    if tv == "string" then
+        if put_string(buf, v, start) then
+            return E_SIZE, nil, ""
+        end
+    elseif tv == "number" then
+        put_number(buf, v)
+    elseif tv == "table" then
+        return put_table(buf, v, level + 1, start)
+    elseif tv == "boolean" then
+        buf:put(v and "\195" or "\194")
+    elseif tv == "userdata" and v == null then
+        -- type check first: a NULL cdata pointer also compares equal
+        buf:put("\192")
+    else
+        return E_TYPE, tv, ""
+    end
+end
+
+local function err_msg(what, pos, kind, detail, path)
+    if kind == E_SIZE then
+        return what .. "s exceed " .. MAX_PAYLOAD .. " bytes"
+    end
+    local at = path ~= "" and " at " .. path or ""
+    if kind == E_TYPE then
+        return "cannot pass " .. detail .. " in " .. what .. " #" .. pos .. at
+    end
+    if kind == E_KEY then
+        return "cannot pass table key " .. detail .. " in " .. what .. " #"
+               .. pos .. at
+    end
+    if kind == E_CYCLE then
+        return "cyclic table in " .. what .. " #" .. pos .. at
+    end
+    return "table nested deeper than " .. MAX_DEPTH .. " in " .. what .. " #"
+           .. pos .. at
+end
+
+local function too_big(buf, start, what)
+    if #buf - start > MAX_PAYLOAD then
+        return nil, what .. "s exceed " .. MAX_PAYLOAD .. " bytes"
+    end
+    return true
+end
+
+-- Appends the payload for the n values ... to buf (n is select('#', ...)).
+-- Returns true, or nil and an error message; on error buf holds a partial
+-- payload and the caller resets it.
+function _M.encode(buf, what, n, ...)
+    local start = #buf
+
+    if n == 1 then
+        -- Hot path: one value needs no counting pass and no select().
+        local v = ...
+        if rawequal(v, nil) then
+            buf:put("\1\128")
+            return true
+        end
+        buf:put("\1\129\1")
+        local kind, detail, path = put_value(buf, v, 0, start)
+        if kind then
+            return nil, err_msg(what, 1, kind, detail, path)
+        end
+        return too_big(buf, start, what)
+    end
+
+    if n > MAX_VALUES then
+        return nil, "too many " .. what .. "s (max " .. MAX_VALUES .. ")"
+    end
+
+    local k = 0
+    for i = 1, n do
+        if not rawequal(select(i, ...), nil) then
+            k = k + 1
+        end
+    end
+
+    put_int(buf, n)
+    if k < 16 then
+        buf:put(BYTE[0x80 + k])
+    else
+        buf:put("\222", BYTE[rshift(k, 8)], BYTE[band(k, 255)])
+    end
+
+    for i = 1, n do
+        local v = select(i, ...)
+        if not rawequal(v, nil) then
+            put_int(buf, i)
+            local kind, detail, path = put_value(buf, v, 0, start)
+            if kind then
+                return nil, err_msg(what, i, kind, detail, path)
+            end
+        end
+    end
+    return too_big(buf, start, what)
+end
+
+
+-- Decoding.  Every reader returns value, next_pos on success and
+-- nil, reason on failure; decoded values are never nil (msgpack nil is
+-- ngx.null), so nil unambiguously means failure.
+
+local function be16(p, i)
+    return p[i] * 256 + p[i + 1]
+end
+
+local function be32(p, i)
+    return ((p[i] * 256 + p[i + 1]) * 256 + p[i + 2]) * 256 + p[i + 3]
+end
+
+local function get_f64(p, i)
+    local b = f64.b
+    if LE then
+        b[7], b[6], b[5], b[4] = p[i], p[i + 1], p[i + 2], p[i + 3]
+        b[3], b[2], b[1], b[0] = p[i + 4], p[i + 5], p[i + 6], p[i + 7]
+    else
+        b[0], b[1], b[2], b[3] = p[i], p[i + 1], p[i + 2], p[i + 3]
+        b[4], b[5], b[6], b[7] = p[i + 4], p[i + 5], p[i + 6], p[i + 7]
+    end
+    return f64.d
+end
+
+local function get_f32(p, i)
+    local b = f32.b
+    if LE then
+        b[3], b[2], b[1], b[0] = p[i], p[i + 1], p[i + 2], p[i + 3]
+    else
+        b[0], b[1], b[2], b[3] = p[i], p[i + 1], p[i + 2], p[i + 3]
+    end
+    return f32.f
+end
+
+-- Any msgpack integer (positions and the count use these), else nil.
+local function read_int(p, pos, len)
+    if pos >= len then
+        return nil, "truncated"
+    end
+    local b = p[pos]
+    pos = pos + 1
+    if b < 0x80 then
+        return b, pos
+    end
+    if b >= 0xe0 then
+        return b - 256, pos
+    end
+    if b < 0xcc or b > 0xd3 then
+        return nil, "expected an integer"
+    end
+    local size
+    if b < 0xd0 then
+        size = 2 ^ (b - 0xcc)
+    else
+        size = 2 ^ (b - 0xd0)
+    end
+    if pos + size > len then
+        return nil, "truncated"
+    end
+    local x
+    if size == 1 then
+        x = p[pos]
+    elseif size == 2 then
+        x = be16(p, pos)
+    elseif size == 4 then
+        x = be32(p, pos)
+    else
+        local hi = be32(p, pos)
+        if b == 0xd3 and hi >= 2147483648 then
+            hi = hi - TWO32
+        end
+        x = hi * TWO32 + be32(p, pos + 4)
+    end
+    if b >= 0xd0 and size < 8 then
+        local half = 2 ^ (8 * size - 1)
+        if x >= half then
+            x = x - 2 * half
+        end
+    end
+    return x, pos + size
+end
+
+local get_value
+
+local function get_str(p, pos, len, l)
+    local e = pos + l
+    if e > len then
+        return nil, "truncated"
+    end
+    return ffi_string(p + pos, l), e
+end
+
+local function get_array(p, pos, len, cnt, level)
+    if level > MAX_DEPTH then
+        return nil, "tables nested deeper than " .. MAX_DEPTH
+    end
+    -- Every element takes a byte: bounds the allocation for garbage input.
+    if cnt > len - pos then
+        return nil, "truncated"
+    end
+    local t = new_tab(cnt, 0)
+    local v
+    for i = 1, cnt do
+        v, pos = get_value(p, pos, len, level)
+        if v == nil then
+            return nil, pos
+        end
+        t[i] = v
+    end
+    return t, pos
+end
+
+local function get_map(p, pos, len, cnt, level)
+    if level > MAX_DEPTH then
+        return nil, "tables nested deeper than " .. MAX_DEPTH
+    end
+    if 2 * cnt > len - pos then
+        return nil, "truncated"
+    end
+    local t = new_tab(0, cnt)
+    local k, v
+    for _ = 1, cnt do
+        k, pos = get_value(p, pos, len, level)
+        if k == nil then
+            return nil, pos
+        end
+        if k == null then
+            return nil, "nil table key"
+        end
+        if k ~= k then
+            return nil, "NaN table key"
+        end
+        v, pos = get_value(p, pos, len, level)
+        if v == nil then
+            return nil, pos
+        end
+        t[k] = v
+    end
+    return t, pos
+end
+
+-- level: number of tables enclosing the value.
+get_value = function(p, pos, len, level)
+    if pos >= len then
+        return nil, "truncated"
+    end
+    local b = p[pos]
+    if b < 0x80 then
+        return b, pos + 1
+    end
+    if b >= 0xe0 then
+        return b - 256, pos + 1
+    end
+    if b >= 0xa0 and b < 0xc0 then
+        return get_str(p, pos + 1, len, b - 0xa0)
+    end
+    if b < 0x90 then
+        return get_map(p, pos + 1, len, b - 0x80, level + 1)
+    end
+    if b < 0xa0 then
+        return get_array(p, pos + 1, len, b - 0x90, level + 1)
+    end
+    if b == 0xc4 or b == 0xd9 then
+        if pos + 2 > len then
+            return nil, "truncated"
+        end
+        return get_str(p, pos + 2, len, p[pos + 1])
+    end
+    if b == 0xc0 then
+        return null, pos + 1
+    end
+    if b == 0xc2 then
+        return false, pos + 1
+    end
+    if b == 0xc3 then
+        return true, pos + 1
+    end
+    if b >= 0xcc and b <= 0xd3 then
+        return read_int(p, pos, len)
+    end
+    if b == 0xcb then
+        if pos + 9 > len then
+            return nil, "truncated"
+        end
+        return get_f64(p, pos + 1), pos + 9
+    end
+    if b == 0xca then
+        if pos + 5 > len then
+            return nil, "truncated"
+        end
+        return get_f32(p, pos + 1), pos + 5
+    end
+    if b == 0xc5 or b == 0xda then
+        if pos + 3 > len then
+            return nil, "truncated"
+        end
+        return get_str(p, pos + 3, len, be16(p, pos + 1))
+    end
+    if b == 0xc6 or b == 0xdb then
+        if pos + 5 > len then
+            return nil, "truncated"
+        end
+        return get_str(p, pos + 5, len, be32(p, pos + 1))
+    end
+    if b == 0xdc or b == 0xde then
+        if pos + 3 > len then
+            return nil, "truncated"
+        end
+        if b == 0xdc then
+            return get_array(p, pos + 3, len, be16(p, pos + 1), level + 1)
+        end
+        return get_map(p, pos + 3, len, be16(p, pos + 1), level + 1)
+    end
+    if b == 0xdd or b == 0xdf then
+        if pos + 5 > len then
+            return nil, "truncated"
+        end
+        if b == 0xdd then
+            return get_array(p, pos + 5, len, be32(p, pos + 1), level + 1)
+        end
+        return get_map(p, pos + 5, len, be32(p, pos + 1), level + 1)
+    end
+    -- 0xc1 (never used), ext types
+    return nil, format("unsupported msgpack type 0x%02x", b)
+end
+
+-- Reads the header: returns n, k, pos or nil, reason.
+local function get_header(p, len)
+    local n, pos = read_int(p, 0, len)
+    if n == nil then
+        return nil, pos
+    end
+    if n < 0 or n > MAX_VALUES then
+        return nil, "bad value count"
+    end
+    if pos >= len then
+        return nil, "truncated"
+    end
+    local b = p[pos]
+    local k
+    if b >= 0x80 and b < 0x90 then
+        k, pos = b - 0x80, pos + 1
+    elseif b == 0xde then
+        if pos + 3 > len then
+            return nil, "truncated"
+        end
+        k, pos = be16(p, pos + 1), pos + 3
+    elseif b == 0xdf then
+        if pos + 5 > len then
+            return nil, "truncated"
+        end
+        k, pos = be32(p, pos + 1), pos + 5
+    else
+        return nil, "expected a map"
+    end
+    if k > n then
+        return nil, "more values than the count"
+    end
+    return n, k, pos
+end
+
+-- One (position, value) pair; returns position, value, pos or nil, reason.
+local function get_pair(p, pos, len, n)
+    local i
+    i, pos = read_int(p, pos, len)
+    if i == nil then
+        return nil, pos
+    end
+    if i < 1 or i > n then
+        return nil, "bad position"
+    end
+    local v
+    v, pos = get_value(p, pos, len, 0)
+    if v == nil then
+        return nil, pos
+    end
+    return i, v, pos
+end
+
+-- Returns n, t (t[i] is value i, nils absent) or nil, err.
+function _M.decode(ptr, len)
+    local p = ffi_cast(u8p_t, ptr)
+    local n, k, pos = get_header(p, len)
+    if n == nil then
+        return nil, "bad payload: " .. k
+    end
+    local t = new_tab(n, 0)
+    local i, v
+    for _ = 1, k do
+        i, v, pos = get_pair(p, pos, len, n)
+        if i == nil then
+            return nil, "bad payload: " .. v
+        end
+        t[i] = v
+    end
+    if pos ~= len then
+        return nil, "bad payload: trailing bytes"
+    end
+    return n, t
+end
+
+-- Returns true, v1, ..., vn or nil, err.
+function _M.decode_results(ptr, len)
+    local p = ffi_cast(u8p_t, ptr)
+    local n, k, pos = get_header(p, len)
+    if n == nil then
+        return nil, "bad payload: " .. k
+    end
+
+    if n == 1 then
+        -- Hot path: no table.
+        local v
+        if k == 1 then
+            local i
+            i, v, pos = get_pair(p, pos, len, 1)
+            if i == nil then
+                return nil, "bad payload: " .. v
+            end
+        end
+        if pos ~= len then
+            return nil, "bad payload: trailing bytes"
+        end
+        return true, v
+    end
+
+    local t = new_tab(n, 0)
+    local i, v
+    for _ = 1, k do
+        i, v, pos = get_pair(p, pos, len, n)
+        if i == nil then
+            return nil, "bad payload: " .. v
+        end
+        t[i] = v
+    end
+    if pos ~= len then
+        return nil, "bad payload: trailing bytes"
+    end
+    return true, unpack(t, 1, n)
+end
+
+return _M

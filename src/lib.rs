@@ -1,0 +1,171 @@
+//! ngx_threadpool: per-worker thread pools of LuaJIT states for OpenResty.
+//!
+//! This file only wires the module into nginx: the module record, its
+//! directives and its process hooks. See conf.rs (directives), pool.rs
+//! (threads), task.rs (task records), notify.rs (wake-ups), ffi.rs (the API
+//! of lua/resty/threadpool.lua), vm/ (the threads' Lua) and codec.rs
+//! (MessagePack).
+
+pub mod codec;
+pub mod conf;
+pub mod ffi;
+pub mod ngx;
+pub mod notify;
+pub mod pool;
+pub mod task;
+pub mod vm;
+
+use conf::{MainConf, FILE, INIT, PROCESS};
+use ngx::module::{command, module, NULL_COMMAND};
+use ngx::{ngx_string, sys};
+use std::ffi::{c_char, c_void};
+use std::ptr;
+
+const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
+
+static mut COMMANDS: [sys::ngx_command_t; 5] = [
+    command(
+        ngx_string(c"thread_pool_init_by_lua"),
+        TAKE2_MAIN,
+        conf::set_chunk,
+        INIT,
+    ),
+    command(
+        ngx_string(c"thread_pool_init_by_lua_file"),
+        TAKE2_MAIN,
+        conf::set_chunk,
+        INIT | FILE,
+    ),
+    command(
+        ngx_string(c"thread_pool_process_by_lua"),
+        TAKE2_MAIN,
+        conf::set_chunk,
+        PROCESS,
+    ),
+    command(
+        ngx_string(c"thread_pool_process_by_lua_file"),
+        TAKE2_MAIN,
+        conf::set_chunk,
+        PROCESS | FILE,
+    ),
+    NULL_COMMAND,
+];
+
+static mut HTTP_CTX: sys::ngx_http_module_t = sys::ngx_http_module_t {
+    preconfiguration: None,
+    postconfiguration: None,
+    create_main_conf: Some(create_main_conf),
+    init_main_conf: None,
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: None,
+    merge_loc_conf: None,
+};
+
+#[no_mangle]
+pub static mut ngx_threadpool_module: sys::ngx_module_t = {
+    let mut m = module(
+        &raw mut HTTP_CTX as *mut c_void,
+        &raw mut COMMANDS as *mut sys::ngx_command_t,
+        sys::NGX_HTTP_MODULE,
+    );
+    m.init_module = Some(init_module);
+    m.init_process = Some(init_process);
+    m.exit_process = Some(exit_process);
+    m
+};
+
+/// What nginx's dlopen looks for in a dynamic module.
+#[no_mangle]
+pub static mut ngx_modules: [*const sys::ngx_module_t; 2] =
+    [&raw const ngx_threadpool_module, ptr::null()];
+
+#[no_mangle]
+pub static mut ngx_module_names: [*const c_char; 2] =
+    [c"ngx_threadpool_module".as_ptr(), ptr::null()];
+
+unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
+    ngx::guard::no_unwind("create_main_conf", ptr::null_mut(), || {
+        // SAFETY: cf->pool is the new cycle's pool: the conf is dropped with
+        // it at the next reload.
+        unsafe { ngx::pool::adopt((*cf).pool, MainConf::default()) }
+            .map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    })
+}
+
+/// The pools' main conf in `cycle`, if the configuration has an http block.
+///
+/// # Safety
+/// `cycle` must be live and configured.
+unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut MainConf> {
+    // SAFETY: our slot holds the MainConf from create_main_conf.
+    unsafe {
+        (ngx::conf::http_main_conf(cycle, &raw const ngx_threadpool_module) as *mut MainConf)
+            .as_mut()
+    }
+}
+
+/// Master, after the whole configuration is read (also under `nginx -t`):
+/// reads the thread_pool declarations and takes our pools from nginx.
+unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t {
+    ngx::guard::no_unwind("init_module", sys::NGX_ERROR as sys::ngx_int_t, || {
+        // SAFETY: nginx passes the configured cycle.
+        let Some(conf) = (unsafe { main_conf(cycle) }) else {
+            return sys::NGX_OK as sys::ngx_int_t;
+        };
+        match conf.resolve() {
+            Ok(()) => sys::NGX_OK as sys::ngx_int_t,
+            Err(msg) => {
+                ngx::log::cycle_error(&format!("ngx_threadpool: {msg}"));
+                sys::NGX_ERROR as sys::ngx_int_t
+            }
+        }
+    })
+}
+
+/// Each worker: install the notify multiplexer and start the threads.
+unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t {
+    ngx::guard::no_unwind("init_process", sys::NGX_ERROR as sys::ngx_int_t, || {
+        // SAFETY: nginx passes the worker's cycle.
+        let Some(conf) = (unsafe { main_conf(cycle) }) else {
+            return sys::NGX_OK as sys::ngx_int_t;
+        };
+        if conf.pools.is_empty() {
+            return sys::NGX_OK as sys::ngx_int_t;
+        }
+        // SAFETY: init_process runs on the event loop before any request.
+        let paths = unsafe { ngx::lua::package_paths(cycle) };
+        let log = ngx::log::Log::cycle();
+        let specs = conf
+            .pools
+            .iter()
+            .filter_map(|p| {
+                let (process, style) = p.process.clone()?;
+                let spec = vm::Spec {
+                    pool: p.name.clone(),
+                    init: p.init.clone(),
+                    process,
+                    style,
+                    package_path: paths.as_ref().map(|(path, _)| path.clone()),
+                    package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
+                    log,
+                };
+                Some((spec, p.threads, p.max_queue))
+            })
+            .collect();
+        match notify::install().and_then(|()| pool::Worker::start(specs)) {
+            Ok(()) => sys::NGX_OK as sys::ngx_int_t,
+            Err(msg) => {
+                ngx::log::cycle_error(&format!("ngx_threadpool: {msg}"));
+                sys::NGX_ERROR as sys::ngx_int_t
+            }
+        }
+    })
+}
+
+/// Worker exit (quit, reload, terminate): stop and join the threads.
+unsafe extern "C" fn exit_process(_cycle: *mut sys::ngx_cycle_t) {
+    ngx::guard::no_unwind("exit_process", (), || {
+        pool::stop(std::time::Duration::from_secs(5))
+    })
+}
