@@ -14,6 +14,8 @@ use crate::pool::with_worker;
 pub type TaskId = u64;
 
 const NONE: u32 = u32::MAX;
+/// Generations stay below 2^20 so a handle is exact as a Lua number.
+const GEN_MASK: u32 = (1 << 20) - 1;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum State {
@@ -216,7 +218,7 @@ impl Tasks {
             slot.sema_posted = false;
         }
         slot.state = State::Free;
-        slot.gen = slot.gen.wrapping_add(1).max(1);
+        slot.gen = (slot.gen.wrapping_add(1) & GEN_MASK).max(1);
         self.free.push(index);
         std::mem::take(&mut slot.result)
     }
