@@ -39,7 +39,8 @@ pub extern "C" fn ngx_threadpool_api_version() -> c_int {
 }
 
 /// The id of the pool `name` (0-based), -1 if no pool of that name has a
-/// process handler, -2 outside a worker process.
+/// process handler. Read from the configuration, so it also answers before
+/// the worker's threads exist (init_worker_by_lua runs first).
 ///
 /// # Safety
 /// `name` must point to `len` readable bytes.
@@ -48,11 +49,10 @@ pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> 
     no_unwind("pool_id", -1, || {
         // SAFETY: the caller vouches for name/len.
         let name = unsafe { std::slice::from_raw_parts(name, len) };
-        match with_worker(|w| w.pool_id(name)) {
-            None => -2,
-            Some(None) => -1,
-            Some(Some(id)) => id as c_int,
-        }
+        // SAFETY: ngx_cycle is the running cycle, configured.
+        let conf = unsafe { crate::main_conf(sys::ngx_cycle) };
+        conf.and_then(|c| c.pools.iter().position(|p| p.name.as_bytes() == name))
+            .map_or(-1, |id| id as c_int)
     })
 }
 

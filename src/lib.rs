@@ -97,7 +97,7 @@ unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
 ///
 /// # Safety
 /// `cycle` must be live and configured.
-unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut MainConf> {
+pub(crate) unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut MainConf> {
     // SAFETY: our slot holds the MainConf from create_main_conf.
     unsafe {
         (ngx::conf::http_main_conf(cycle, &raw const ngx_threadpool_module) as *mut MainConf)
@@ -136,11 +136,13 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         // SAFETY: init_process runs on the event loop before any request.
         let paths = unsafe { ngx::lua::package_paths(cycle) };
         let log = ngx::log::Log::cycle();
-        let specs = conf
+        // One spec per configured pool, in order: a pool's index in the
+        // configuration is its id in the shim (ffi.rs).
+        let specs: Result<Vec<_>, String> = conf
             .pools
             .iter()
-            .filter_map(|p| {
-                let (process, style) = p.process.clone()?;
+            .map(|p| {
+                let (process, style) = p.process.clone().ok_or("pool without handler")?;
                 let spec = vm::Spec {
                     pool: p.name.clone(),
                     init: p.init.clone(),
@@ -150,10 +152,10 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                     log,
                 };
-                Some((spec, p.threads, p.max_queue))
+                Ok((spec, p.threads, p.max_queue))
             })
             .collect();
-        match notify::install().and_then(|()| pool::Worker::start(specs)) {
+        match specs.and_then(|specs| notify::install().and_then(|()| pool::Worker::start(specs))) {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
                 ngx::log::cycle_error(&format!("ngx_threadpool: {msg}"));

@@ -96,11 +96,6 @@ impl Worker {
         Ok(())
     }
 
-    /// The index of the pool called `name`.
-    pub fn pool_id(&self, name: &[u8]) -> Option<usize> {
-        self.pools.iter().position(|p| p.name.as_bytes() == name)
-    }
-
     /// Queues a task for pool `pool` with the encoded arguments `args`.
     pub fn push(
         &mut self,

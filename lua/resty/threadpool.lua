@@ -185,10 +185,6 @@ return setmetatable(_M, {
             return nil
         end
         local id = C.ngx_threadpool_pool_id(name, #name)
-        if id == -2 then
-            error("resty.threadpool: pools exist in worker processes only "
-                  .. "(use them in init_worker_by_lua* or later)", 2)
-        end
         if id < 0 then
             error("resty.threadpool: no thread pool \"" .. name
                   .. "\" with a thread_pool_process_by_lua handler", 2)

@@ -53,11 +53,13 @@ impl ThreadVm {
                 Style::PerTask => process,
                 Style::Factory => match process.call::<Value>(()).map_err(|e| error_text(&e))? {
                     Value::Function(f) => f,
-                    other => return Err(format!(
+                    other => {
+                        return Err(format!(
                         "process chunk {} does not use ... and returned {} instead of a function",
                         spec.process.name.trim_start_matches(['=', '@']),
                         other.type_name()
-                    )),
+                    ))
+                    }
                 },
             };
             lua.load("local h, pcall = ... return function(...) return pcall(h, ...) end")
