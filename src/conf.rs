@@ -73,6 +73,9 @@ impl MainConf {
 }
 
 /// The setter of every `thread_pool_{init,process}_by_lua[_file]`.
+///
+/// # Safety
+/// Called by nginx only, with `conf` our MainConf.
 pub unsafe extern "C" fn set_chunk(
     cf: *mut sys::ngx_conf_t,
     cmd: *mut sys::ngx_command_t,

@@ -84,7 +84,9 @@ pub unsafe extern "C" fn ngx_threadpool_push(
         };
         // SAFETY: the caller vouches for data/len.
         let args = unsafe { std::slice::from_raw_parts(data, len) };
-        let pushed = with_worker(|w| w.push(pool as usize, owner, args));
+        // SAFETY: owner lives in r->pool and unlinks its records when that
+        // pool is destroyed.
+        let pushed = with_worker(|w| unsafe { w.push(pool as usize, owner, args) });
         match pushed {
             Some(Ok(id)) => {
                 // SAFETY: checked non-null above.
@@ -186,7 +188,7 @@ unsafe fn request_tasks(r: *mut sys::ngx_http_request_t) -> Option<*mut RequestT
         if !(*slot).is_null() {
             return Some((*slot).cast());
         }
-        let list = crate::ngx::pool::adopt((*r).pool, RequestTasks::new())?;
+        let list = crate::ngx::pool::adopt((*r).pool, RequestTasks::default())?;
         *slot = list.as_ptr().cast();
         Some(list.as_ptr())
     }

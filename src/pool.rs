@@ -97,7 +97,10 @@ impl Worker {
     }
 
     /// Queues a task for pool `pool` with the encoded arguments `args`.
-    pub fn push(
+    ///
+    /// # Safety
+    /// `owner` must be the pushing request's task list (see Tasks::start).
+    pub unsafe fn push(
         &mut self,
         pool: usize,
         owner: *mut RequestTasks,
@@ -111,7 +114,8 @@ impl Worker {
         if jobs.is_full() {
             return Err(PushError::Full);
         }
-        let task = self.tasks.start(owner).map_err(PushError::Other)?;
+        // SAFETY: forwarded from the caller.
+        let task = unsafe { self.tasks.start(owner) }.map_err(PushError::Other)?;
         let mut payload = self.tasks.buffer();
         payload.extend_from_slice(args);
         match jobs.try_send(Job { task, payload }) {

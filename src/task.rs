@@ -51,8 +51,8 @@ pub struct RequestTasks {
     head: u32,
 }
 
-impl RequestTasks {
-    pub fn new() -> RequestTasks {
+impl Default for RequestTasks {
+    fn default() -> RequestTasks {
         RequestTasks { head: NONE }
     }
 }
@@ -61,7 +61,8 @@ impl Drop for RequestTasks {
     fn drop(&mut self) {
         let me: *mut RequestTasks = self;
         with_worker(|w| {
-            for buf in w.tasks.release_request(me) {
+            // SAFETY: self is alive for the duration of drop.
+            for buf in unsafe { w.tasks.release_request(me) } {
                 w.tasks.recycle(buf);
             }
         });
@@ -97,7 +98,10 @@ impl Tasks {
     }
 
     /// A new Running record on `owner`'s list, with a clean semaphore.
-    pub fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, String> {
+    ///
+    /// # Safety
+    /// `owner` must be live until it is dropped, which unlinks its records.
+    pub unsafe fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, String> {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -224,9 +228,12 @@ impl Tasks {
     }
 
     /// Lets go of every task of a request that is going away.
-    pub fn release_request(&mut self, owner: *mut RequestTasks) -> Vec<Vec<u8>> {
+    ///
+    /// # Safety
+    /// `owner` must be the live RequestTasks being dropped.
+    pub unsafe fn release_request(&mut self, owner: *mut RequestTasks) -> Vec<Vec<u8>> {
         let mut bufs = Vec::new();
-        // SAFETY: owner is the RequestTasks being dropped (still valid).
+        // SAFETY: the caller vouches for owner.
         while let Some(index) = Some(unsafe { (*owner).head }).filter(|&h| h != NONE) {
             let slot = &self.slots[index as usize];
             let id = (u64::from(slot.gen) << 32) | u64::from(index);
