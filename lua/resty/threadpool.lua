@@ -186,8 +186,11 @@ return setmetatable(_M, {
         end
         local id = C.ngx_threadpool_pool_id(name, #name)
         if id == -2 then
-            error("resty.threadpool: pools exist in worker processes only "
-                  .. "(use them in init_worker_by_lua* or later)", 2)
+            -- init and init_worker run before the module starts the pools
+            error("resty.threadpool: API disabled in the context of "
+                  .. get_phase() .. " (the pools start after "
+                  .. "init_worker_by_lua*: use them in rewrite, access, "
+                  .. "content or timer)", 2)
         end
         if id < 0 then
             error("resty.threadpool: no thread pool \"" .. name
