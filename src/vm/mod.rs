@@ -56,7 +56,7 @@ impl ThreadVm {
                     other => return Err(format!(
                         "process chunk {} does not use ... and returned {} instead of a function",
                         spec.process.name.trim_start_matches(['=', '@']),
-                        other.type_name()
+                        codec::type_name(&other)
                     )),
                 },
             };
