@@ -43,8 +43,14 @@ pub fn free_port() -> u16 {
 
 /// A whole nginx.conf: the module lines, `main` at top level (thread_pool
 /// declarations), and `http` inside the http block, where `$PORT` stands
-/// for the server's port.
+/// for the server's port. An `http` that sets its own `lua_package_path`
+/// replaces the harness's (it must then list the repo's lua/ dir itself).
 pub fn config(port: u16, workers: usize, main: &str, http: &str) -> String {
+    let path_line = if http.contains("lua_package_path") {
+        String::new()
+    } else {
+        format!("lua_package_path \"{}/lua/?.lua;;\";", repo().display())
+    };
     format!(
         r#"load_module {MODULES}/ndk_http_module.so;
 load_module {MODULES}/ngx_http_lua_module.so;
@@ -58,12 +64,11 @@ events {{ worker_connections 1024; }}
 {main}
 http {{
     access_log off;
-    lua_package_path "{repo}/lua/?.lua;;";
+    {path_line}
 {http}
 }}
 "#,
         module = module_path().display(),
-        repo = repo().display(),
         http = http.replace("$PORT", &port.to_string()),
     )
 }
