@@ -193,8 +193,8 @@ impl Ctx<'_> {
     }
 }
 
-/// Lua's `type()` name of a value that cannot be passed.
-fn type_name(v: &Value) -> &'static str {
+/// Lua's `type()` name of a value (mlua says "integer" for some numbers).
+pub fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Nil => "nil",
         Value::Boolean(_) => "boolean",

@@ -57,7 +57,7 @@ impl ThreadVm {
                         return Err(format!(
                         "process chunk {} does not use ... and returned {} instead of a function",
                         spec.process.name.trim_start_matches(['=', '@']),
-                        other.type_name()
+                        codec::type_name(&other)
                     ))
                     }
                 },
@@ -97,14 +97,15 @@ impl ThreadVm {
             }
         } else {
             // error(x): pass x itself when it can cross (a string, a table),
-            // else its tostring.
-            let err: MultiValue = out.into_iter().take(1).collect();
+            // else its tostring; error() and error(nil) still give the caller
+            // a message to log.
+            let err = out.pop_front().unwrap_or(Value::Nil);
+            if err.is_nil() {
+                return fail(payload, "error raised with a nil value");
+            }
+            let err = MultiValue::from_iter([err]);
             if codec::encode_values(&err, payload, "error value").is_err() {
-                let text = err
-                    .front()
-                    .map(|v| v.to_string().unwrap_or_default())
-                    .unwrap_or_default();
-                return fail(payload, &text);
+                return fail(payload, &err[0].to_string().unwrap_or_default());
             }
             true
         }

@@ -18,7 +18,11 @@ pub fn repo() -> PathBuf {
 
 pub fn module_path() -> PathBuf {
     let p = repo().join("target/release/libngx_threadpool.so");
-    assert!(p.exists(), "{} missing: run `make build` (cargo build --release) first", p.display());
+    assert!(
+        p.exists(),
+        "{} missing: run `make build` (cargo build --release) first",
+        p.display()
+    );
     p
 }
 
@@ -38,13 +42,23 @@ pub fn prefix(tag: &str) -> PathBuf {
 
 /// A free loopback port (bound and released; the race is harmless here).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A whole nginx.conf: the module lines, `main` at top level (thread_pool
 /// declarations), and `http` inside the http block, where `$PORT` stands
-/// for the server's port.
+/// for the server's port. An `http` that sets its own `lua_package_path`
+/// replaces the harness's (it must then list the repo's lua/ dir itself).
 pub fn config(port: u16, workers: usize, main: &str, http: &str) -> String {
+    let path_line = if http.contains("lua_package_path") {
+        String::new()
+    } else {
+        format!("lua_package_path \"{}/lua/?.lua;;\";", repo().display())
+    };
     format!(
         r#"load_module {MODULES}/ndk_http_module.so;
 load_module {MODULES}/ngx_http_lua_module.so;
@@ -58,12 +72,11 @@ events {{ worker_connections 1024; }}
 {main}
 http {{
     access_log off;
-    lua_package_path "{repo}/lua/?.lua;;";
+    {path_line}
 {http}
 }}
 "#,
         module = module_path().display(),
-        repo = repo().display(),
         http = http.replace("$PORT", &port.to_string()),
     )
 }
@@ -87,7 +100,11 @@ impl Nginx {
         for (name, body) in files {
             std::fs::write(dir.join("conf").join(name), body).unwrap();
         }
-        std::fs::write(dir.join("conf/nginx.conf"), config(port, workers, main, http)).unwrap();
+        std::fs::write(
+            dir.join("conf/nginx.conf"),
+            config(port, workers, main, http),
+        )
+        .unwrap();
         let child = Command::new(NGINX)
             .arg("-p")
             .arg(&dir)
@@ -98,7 +115,11 @@ impl Nginx {
             .stderr(Stdio::piped())
             .spawn()
             .expect("cannot start nginx");
-        let mut n = Nginx { dir, port, child: Some(child) };
+        let mut n = Nginx {
+            dir,
+            port,
+            child: Some(child),
+        };
         n.wait_ready();
         n
     }
@@ -111,12 +132,25 @@ impl Nginx {
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 let mut err = String::new();
-                self.child.as_mut().unwrap().stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                panic!("nginx exited with {status}: {err}\nerror.log:\n{}", self.error_log());
+                self.child
+                    .as_mut()
+                    .unwrap()
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!(
+                    "nginx exited with {status}: {err}\nerror.log:\n{}",
+                    self.error_log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("nginx did not start listening\nerror.log:\n{}", self.error_log());
+        panic!(
+            "nginx did not start listening\nerror.log:\n{}",
+            self.error_log()
+        );
     }
 
     pub fn master_pid(&self) -> u32 {
@@ -129,7 +163,11 @@ impl Nginx {
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.master_pid().to_string()).status().unwrap();
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.master_pid().to_string())
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
 
@@ -164,7 +202,15 @@ impl Nginx {
     /// Fails the test if the error log shows a crash or a leak alert.
     pub fn assert_clean_log(&self) {
         let log = self.error_log();
-        for bad in ["signal 11", "signal 6", "signal 7", "exited on signal", "[alert]", "[emerg]", "panic"] {
+        for bad in [
+            "signal 11",
+            "signal 6",
+            "signal 7",
+            "exited on signal",
+            "[alert]",
+            "[emerg]",
+            "panic",
+        ] {
             assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
         }
     }
@@ -173,7 +219,10 @@ impl Nginx {
 impl Drop for Nginx {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if child.try_wait().ok().flatten().is_some() {
@@ -201,7 +250,9 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 
 /// Threads of a process, from /proc.
 pub fn thread_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Resident set size of a process in KiB.
@@ -220,8 +271,19 @@ pub fn nginx_test(main: &str, http: &str, files: &[(&str, &str)]) -> Output {
     for (name, body) in files {
         std::fs::write(dir.join("conf").join(name), body).unwrap();
     }
-    std::fs::write(dir.join("conf/nginx.conf"), config(free_port(), 1, main, http)).unwrap();
-    Command::new(NGINX).arg("-t").arg("-p").arg(&dir).arg("-c").arg("conf/nginx.conf").output().unwrap()
+    std::fs::write(
+        dir.join("conf/nginx.conf"),
+        config(free_port(), 1, main, http),
+    )
+    .unwrap();
+    Command::new(NGINX)
+        .arg("-t")
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg("conf/nginx.conf")
+        .output()
+        .unwrap()
 }
 
 #[derive(Debug)]
@@ -237,7 +299,13 @@ impl Response {
 }
 
 /// One HTTP/1.1 request on a new connection (Connection: close).
-pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
@@ -253,11 +321,18 @@ pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], bo
 }
 
 fn parse_response(raw: &[u8]) -> Response {
-    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("no header end") + 4;
+    let head_end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no header end")
+        + 4;
     let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     let mut body = raw[head_end..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = dechunk(&body);
     }
     Response { status, body }
@@ -267,7 +342,9 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
         let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16)
+                .unwrap();
         data = &data[line_end + 2..];
         if size == 0 {
             return out;

@@ -1,0 +1,618 @@
+//! The module's user-facing basics: directives and chunk styles, the
+//! threads' Lua environment, configuration errors, the contexts push_task
+//! works in, one pool per worker, and pools left to nginx.
+
+mod common;
+
+use common::{nginx_test, Nginx};
+use std::time::Duration;
+
+/// The example configuration of the brief.
+const UPPER_MAIN: &str = "thread_pool upper_pool threads=1;";
+const UPPER_HTTP: &str = r#"
+    thread_pool_init_by_lua upper_pool "ngx.log(ngx.INFO, 'thread up')";
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        ngx.say(assert(tp.upper_pool:push_task("foo")))
+    } } }
+"#;
+
+fn count(haystack: &str, needle: &str) -> usize {
+    haystack.matches(needle).count()
+}
+
+/// The names (comm) of a process's threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let comm = std::fs::read_to_string(entry.unwrap().path().join("comm")).unwrap();
+        names.push(comm.trim_end().to_string());
+    }
+    names
+}
+
+/// The only worker of a one-worker nginx.
+fn worker(n: &Nginx) -> u32 {
+    let w = n.workers();
+    assert_eq!(w.len(), 1, "workers: {w:?}");
+    w[0]
+}
+
+/// 1-based line of the first line of `text` containing `marker`.
+fn line_of(text: &str, marker: &str) -> usize {
+    text.lines()
+        .position(|l| l.contains(marker))
+        .expect("marker")
+        + 1
+}
+
+#[test]
+fn brief_example_answers_foo() {
+    let n = Nginx::start(UPPER_MAIN, UPPER_HTTP);
+    let r = n.get("/");
+    assert_eq!((r.status, r.text().as_str()), (200, "FOO\n"));
+    let log = n.error_log();
+    assert!(
+        log.contains("[info]") && log.contains("thread up, thread pool: upper_pool"),
+        "{log}"
+    );
+    n.assert_clean_log();
+}
+
+/// The factory style from a file: its top level runs once per thread and
+/// its locals persist across that thread's tasks.
+#[test]
+fn factory_file_runs_once_per_thread_and_keeps_locals() {
+    let chunk = r#"
+local ffi = require "ffi"
+ffi.cdef "long syscall(long number, ...);"
+local SYS_gettid = 186 -- x86_64
+local tid = tonumber(ffi.C.syscall(SYS_gettid))
+ngx.log(ngx.NOTICE, "factory top level ran")
+local count = 0
+return function(path)
+    count = count + 1
+    return tid, count, path
+end
+"#;
+    let http = r#"
+    thread_pool_process_by_lua_file fpool conf/factory.lua;
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        local threads = {}
+        for i = 1, 8 do
+            threads[i] = ngx.thread.spawn(function()
+                return tp.fpool:push_task(ngx.var.uri .. i)
+            end)
+        end
+        for i = 1, 8 do
+            local _, tid, count, path = ngx.thread.wait(threads[i])
+            ngx.say(tid, " ", count, " ", path)
+        end
+    } } }
+"#;
+    let n = Nginx::start_with(
+        1,
+        "thread_pool fpool threads=2;",
+        http,
+        &[("factory.lua", chunk)],
+    );
+    let pid = worker(&n);
+    let mut per_thread: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for round in 0..3 {
+        let r = n.get("/t");
+        assert_eq!(r.status, 200, "{}", r.text());
+        for (i, line) in r.text().lines().enumerate() {
+            let f: Vec<&str> = line.split(' ').collect();
+            assert_eq!(f.len(), 3, "round {round}: {line}");
+            assert_eq!(f[2], format!("/t{}", i + 1), "arguments reach the handler");
+            let tid: u32 = f[0].parse().unwrap();
+            assert_ne!(tid, pid, "the handler ran on the event loop");
+            per_thread
+                .entry(tid)
+                .or_default()
+                .push(f[1].parse().unwrap());
+        }
+    }
+    assert!(per_thread.len() <= 2, "{per_thread:?}");
+    let mut total = 0;
+    for (tid, mut counts) in per_thread {
+        // Tasks of one thread may be reported out of order within a round,
+        // but the counter must have taken each value 1..k exactly once.
+        counts.sort_unstable();
+        let k = counts.len() as u32;
+        assert_eq!(counts, (1..=k).collect::<Vec<_>>(), "thread {tid}");
+        total += k;
+    }
+    assert_eq!(total, 24);
+    // Each thread runs the top level as it starts, maybe after the tasks.
+    let line = "factory top level ran, thread pool: fpool";
+    assert!(common::eventually(Duration::from_secs(5), || count(
+        &n.error_log(),
+        line
+    ) >= 2));
+    let log = n.error_log();
+    assert_eq!(
+        count(&log, line),
+        2,
+        "once in each of the 2 threads:\n{log}"
+    );
+    n.assert_clean_log();
+}
+
+#[test]
+fn init_chunk_runs_once_per_thread() {
+    let http = r#"
+    thread_pool_init_by_lua ipool "ngx.log(ngx.NOTICE, 'init chunk ran') initialized = 'yes'";
+    thread_pool_process_by_lua ipool "local _ = ... return initialized";
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        for i = 1, 6 do
+            ngx.say(tp.ipool:push_task())
+        end
+    } } }
+"#;
+    let n = Nginx::start("thread_pool ipool threads=3;", http);
+    let r = n.get("/");
+    assert_eq!(
+        r.text(),
+        "yes\n".repeat(6),
+        "the init chunk runs before the handler"
+    );
+    let line = "init chunk ran, thread pool: ipool";
+    assert!(common::eventually(Duration::from_secs(5), || count(
+        &n.error_log(),
+        line
+    ) >= 3));
+    n.get("/");
+    assert_eq!(count(&n.error_log(), line), 3, "{}", n.error_log());
+    n.assert_clean_log();
+}
+
+#[test]
+fn nginx_t_reports_syntax_error_in_inline_chunk() {
+    let main = "thread_pool p threads=1;";
+    let http = "    thread_pool_process_by_lua p \"local x = ... return x +\"; # bad chunk\n";
+    let line = line_of(&common::config(1, 1, main, http), "# bad chunk");
+    let out = nginx_test(main, http, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("\"thread_pool_process_by_lua\" directive failed to compile"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("thread_pool_process_by_lua(nginx.conf:{line}):1:")),
+        "the Lua message names the directive's position and the chunk's line:\n{err}"
+    );
+    assert!(err.contains(&format!("conf/nginx.conf:{line}")), "{err}");
+    assert!(err.contains("test failed"), "{err}");
+}
+
+#[test]
+fn nginx_t_reports_syntax_error_in_file_chunk() {
+    let main = "thread_pool p threads=1;";
+    let bad = "local a = 1\nlocal b = 2\nlocal c = = 3\nreturn a\n";
+    for (directive, other) in [
+        (
+            "thread_pool_init_by_lua_file",
+            "thread_pool_process_by_lua p \"return ...\";",
+        ),
+        ("thread_pool_process_by_lua_file", ""),
+    ] {
+        let http = format!("    {directive} p conf/bad.lua;\n    {other}\n");
+        let out = nginx_test(main, &http, &[("bad.lua", bad)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("\"{directive}\" directive failed to compile")),
+            "{err}"
+        );
+        assert!(
+            err.contains("conf/bad.lua:3:"),
+            "file and line of the Lua error:\n{err}"
+        );
+        assert!(err.contains("test failed"), "{err}");
+    }
+}
+
+#[test]
+fn runtime_error_in_init_chunk_is_logged_and_tasks_fail() {
+    let http = r#"
+    thread_pool_init_by_lua badinit "error('init exploded')";
+    thread_pool_process_by_lua badinit "return ...";
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        local res, err = tp.badinit:push_task("x")
+        ngx.say(tostring(res), " | ", tostring(err))
+    } } }
+"#;
+    let n = Nginx::start("thread_pool badinit threads=1;", http);
+    let pid = worker(&n);
+    // Logged when the thread starts, before any task.
+    assert!(common::eventually(Duration::from_secs(5), || {
+        let log = n.error_log();
+        log.contains("[error]")
+            && log.contains("thread pool \"badinit\"")
+            && log.contains("init exploded")
+    }));
+    for _ in 0..2 {
+        let t = n.get("/").text();
+        assert!(t.starts_with("nil | "), "{t}");
+        assert!(t.contains("badinit") && t.contains("init exploded"), "{t}");
+    }
+    assert_eq!(n.workers(), vec![pid]);
+    n.assert_clean_log();
+}
+
+#[test]
+fn factory_chunk_returning_non_function_is_logged_and_tasks_fail() {
+    let http = r#"
+    thread_pool_process_by_lua nofunc "local t = {} return 42";
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        local res, err = tp.nofunc:push_task("x")
+        ngx.say(tostring(res), " | ", tostring(err))
+    } } }
+"#;
+    let n = Nginx::start("thread_pool nofunc threads=1;", http);
+    let t = n.get("/").text();
+    assert!(
+        t.starts_with("nil | ") && t.contains("nofunc") && t.contains("returned number"),
+        "{t}"
+    );
+    let log = n.error_log();
+    assert!(
+        log.contains("thread pool \"nofunc\"") && log.contains("instead of a function"),
+        "{log}"
+    );
+    n.assert_clean_log();
+}
+
+/// `require` in a thread finds Lua modules on lua_package_path and C
+/// modules on the default cpath.
+#[test]
+fn require_finds_lua_and_c_modules() {
+    let http = format!(
+        r#"
+    lua_package_path "$prefix/conf/?.lua;{repo}/lua/?.lua;;";
+    thread_pool_process_by_lua rpool "
+        local mine = require 'mymod'
+        local cjson = require 'cjson'
+        return mine.hello(...), cjson.encode({{ a = {{ 1, 2 }} }})
+    ";
+    server {{ listen 127.0.0.1:$PORT; location / {{ content_by_lua_block {{
+        local tp = require "resty.threadpool"
+        ngx.say((assert(tp.rpool:push_task("you"))))
+        ngx.say(select(2, tp.rpool:push_task("you")))
+    }} }} }}
+"#,
+        repo = common::repo().display()
+    );
+    let mymod = "return { hello = function(w) return 'hello ' .. w end }\n";
+    let n = Nginx::start_with(
+        1,
+        "thread_pool rpool threads=1;",
+        &http,
+        &[("mymod.lua", mymod)],
+    );
+    assert_eq!(n.get("/").text(), "hello you\n{\"a\":[1,2]}\n");
+    n.assert_clean_log();
+}
+
+#[test]
+fn luajit_extensions_exist_in_threads() {
+    let http = r#"
+    thread_pool_process_by_lua xpool "
+        local _ = ...
+        local buffer = require 'string.buffer'
+        local new_tab = require 'table.new'
+        local ffi = require 'ffi'
+        local bit = require 'bit'
+        local b = buffer.new():put('a', 1):tostring()
+        local t = new_tab(4, 0)
+        t[1] = 'x'
+        return type(ffi.new), ffi.sizeof('int32_t'), bit.band(0xff, 0x0f),
+               b, #t, type(jit), jit.version:match('^LuaJIT') or jit.version
+    ";
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        ngx.say(table.concat({ assert(tp.xpool:push_task()) }, " "))
+    } } }
+"#;
+    let n = Nginx::start("thread_pool xpool threads=1;", http);
+    assert_eq!(n.get("/").text(), "function 4 15 a1 1 table LuaJIT\n");
+    n.assert_clean_log();
+}
+
+#[test]
+fn ngx_log_levels_and_filtering() {
+    let http = r#"
+    thread_pool_process_by_lua logpool "
+        local _ = ...
+        for _, l in ipairs({ 'STDERR', 'EMERG', 'ALERT', 'CRIT', 'ERR', 'WARN',
+                             'NOTICE', 'INFO', 'DEBUG' }) do
+            ngx.log(ngx[l], 'level-', l, '-line ', 42, ' ', true, ' ', nil)
+        end
+        print('printed ', 1.5)
+        return 'logged'
+    ";
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        ngx.say(assert(tp.logpool:push_task()))
+    } } }
+"#;
+    let n = Nginx::start("thread_pool logpool threads=1;", http);
+    assert_eq!(n.get("/").text(), "logged\n");
+    let log = n.error_log();
+    for (level, tag) in [
+        ("STDERR", "[]"),
+        ("EMERG", "[emerg]"),
+        ("ALERT", "[alert]"),
+        ("CRIT", "[crit]"),
+        ("ERR", "[error]"),
+        ("WARN", "[warn]"),
+        ("NOTICE", "[notice]"),
+        ("INFO", "[info]"),
+    ] {
+        let msg = format!("level-{level}-line 42 true nil, thread pool: logpool");
+        let line = log.lines().find(|l| l.contains(&msg));
+        let line = line.unwrap_or_else(|| panic!("no {level} line:\n{log}"));
+        assert!(line.contains(tag), "{line}");
+        assert!(
+            line.contains("[lua] thread_pool_process_by_lua(nginx.conf:"),
+            "{line}"
+        );
+    }
+    assert!(
+        !log.contains("level-DEBUG"),
+        "error_log info must drop DEBUG lines:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("[notice]") && l.contains("printed 1.5, thread pool: logpool")),
+        "{log}"
+    );
+}
+
+#[test]
+fn unknown_pool_is_an_error_naming_it() {
+    let http = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        local ok, err = pcall(function() return tp.NOSUCH end)
+        ngx.say(tostring(ok), " ", err)
+        ngx.say(assert(tp.upper_pool:push_task("still works")))
+    } } }
+"#;
+    let n = Nginx::start(UPPER_MAIN, http);
+    let t = n.get("/").text();
+    assert!(t.starts_with("false ") && t.contains("\"NOSUCH\""), "{t}");
+    assert!(t.ends_with("STILL WORKS\n"), "{t}");
+}
+
+#[test]
+fn push_task_outside_yieldable_contexts_names_the_context() {
+    let http = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    lua_shared_dict results 1m;
+    init_worker_by_lua_block {
+        local tp = require "resty.threadpool"
+        local ok, err = pcall(function() return tp.upper_pool:push_task("x") end)
+        ngx.shared.results:set("init_worker", tostring(ok) .. " " .. tostring(err))
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        location /set {
+            set_by_lua_block $res {
+                local tp = require "resty.threadpool"
+                local ok, err = pcall(tp.upper_pool.push_task, tp.upper_pool, "x")
+                return tostring(ok) .. " " .. tostring(err)
+            }
+            return 200 "$res\n";
+        }
+        location /header_filter {
+            content_by_lua_block { ngx.say("body") }
+            header_filter_by_lua_block {
+                local tp = require "resty.threadpool"
+                local ok, err = pcall(tp.upper_pool.push_task, tp.upper_pool, "x")
+                ngx.log(ngx.ERR, "header_filter said: ", tostring(ok), " ", err)
+            }
+        }
+        location /log {
+            content_by_lua_block { ngx.say("body") }
+            log_by_lua_block {
+                local tp = require "resty.threadpool"
+                tp.upper_pool:push_task("x")
+            }
+        }
+        location /init_worker {
+            content_by_lua_block { ngx.say(ngx.shared.results:get("init_worker")) }
+        }
+        location /works {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.say(assert(tp.upper_pool:push_task("ok")))
+            }
+        }
+    }
+"#;
+    let n = Nginx::start(UPPER_MAIN, http);
+    let t = n.get("/set").text();
+    assert!(
+        t.starts_with("false ") && t.contains("API disabled in the context of set"),
+        "{t}"
+    );
+    let t = n.get("/init_worker").text();
+    assert!(
+        t.starts_with("false ") && t.contains("API disabled in the context of init_worker"),
+        "{t}"
+    );
+
+    assert_eq!(n.get("/header_filter").text(), "body\n");
+    assert_eq!(n.get("/log").text(), "body\n");
+    assert!(common::eventually(Duration::from_secs(5), || {
+        n.error_log().contains("failed to run log_by_lua")
+    }));
+    let log = n.error_log();
+    assert!(
+        log.contains("header_filter said: false ")
+            && log.contains("API disabled in the context of header_filter"),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("failed to run log_by_lua")
+            && l.contains("API disabled in the context of log")),
+        "{log}"
+    );
+    assert_eq!(n.get("/works").text(), "OK\n");
+    n.assert_clean_log();
+}
+
+#[test]
+fn push_task_works_in_every_yieldable_context() {
+    let http = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    lua_shared_dict results 1m;
+    server {
+        listen 127.0.0.1:$PORT;
+        location /phases {
+            rewrite_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.ctx.rewrite = assert(tp.upper_pool:push_task("rewrite"))
+            }
+            access_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.ctx.access = assert(tp.upper_pool:push_task("access"))
+            }
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local th = ngx.thread.spawn(function()
+                    return tp.upper_pool:push_task("light thread")
+                end)
+                local content = assert(tp.upper_pool:push_task("content"))
+                local _, in_thread = assert(ngx.thread.wait(th))
+                ngx.say(ngx.ctx.rewrite, ",", ngx.ctx.access, ",", content, ",", in_thread)
+            }
+        }
+        location /timer {
+            content_by_lua_block {
+                local ok, err = ngx.timer.at(0, function(premature)
+                    local tp = require "resty.threadpool"
+                    local res, err = tp.upper_pool:push_task("timer")
+                    ngx.shared.results:set("timer", res or ("error: " .. tostring(err)))
+                end)
+                ngx.say(ok and "scheduled" or err)
+            }
+        }
+        location /result {
+            content_by_lua_block { ngx.say(ngx.shared.results:get("timer") or "none") }
+        }
+    }
+"#;
+    let n = Nginx::start(UPPER_MAIN, http);
+    assert_eq!(
+        n.get("/phases").text(),
+        "REWRITE,ACCESS,CONTENT,LIGHT THREAD\n"
+    );
+    assert_eq!(n.get("/timer").text(), "scheduled\n");
+    assert!(
+        common::eventually(Duration::from_secs(5), || n.get("/result").text()
+            != "none\n"),
+        "the timer never stored its result"
+    );
+    assert_eq!(n.get("/result").text(), "TIMER\n");
+    n.assert_clean_log();
+}
+
+/// Each worker has its own pool: 1 event-loop thread + N pool threads, and
+/// nginx starts none of its own threads for the pool.
+#[test]
+fn each_worker_has_its_own_pool() {
+    let http = r#"
+    thread_pool_process_by_lua wpool "return (...):upper()";
+    server { listen 127.0.0.1:$PORT reuseport; location / { content_by_lua_block {
+        local tp = require "resty.threadpool"
+        ngx.say(ngx.worker.pid(), " ", assert(tp.wpool:push_task("w")))
+    } } }
+"#;
+    let n = Nginx::start_with(2, "thread_pool wpool threads=3;", http, &[]);
+    // nginx is ready once one worker listens; the second may still fork.
+    let both_forked = || n.workers().len() == 2;
+    assert!(common::eventually(Duration::from_secs(5), both_forked));
+    let workers = n.workers();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let t = n.get("/").text();
+        let (pid, res) = t.trim_end().split_once(' ').unwrap();
+        assert_eq!(res, "W");
+        seen.insert(pid.parse::<u32>().unwrap());
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        workers.iter().copied().collect(),
+        "both workers answer with their pool"
+    );
+    for pid in workers {
+        let names = thread_names(pid);
+        assert_eq!(names.len(), 4, "worker {pid}: {names:?}");
+        assert_eq!(
+            names.iter().filter(|n| *n == "tp wpool").count(),
+            3,
+            "worker {pid}: {names:?}"
+        );
+    }
+    n.assert_clean_log();
+}
+
+/// A thread_pool without a process handler stays nginx's: `aio threads`
+/// reads files through it while a Lua pool works beside it.
+#[test]
+fn pool_without_handler_stays_nginx_own() {
+    let data: String = (0..40_000).map(|i| format!("{i:07}\n")).collect(); // 320 KB
+    let http = r#"
+    thread_pool_process_by_lua lua_pool "return (...):upper()";
+    server {
+        listen 127.0.0.1:$PORT;
+        location /files/ {
+            alias conf/;
+            aio threads=io_pool;
+            sendfile off;
+            output_buffers 2 32k;
+        }
+        location /lua { content_by_lua_block {
+            local tp = require "resty.threadpool"
+            ngx.say(assert(tp.lua_pool:push_task("lua")))
+        } }
+    }
+"#;
+    let main = "thread_pool io_pool threads=2;\nthread_pool lua_pool threads=1;";
+    let n = Nginx::start_with(1, main, http, &[("data.txt", &data)]);
+    for _ in 0..3 {
+        let r = n.get("/files/data.txt");
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body == data.as_bytes(),
+            "file served intact ({} bytes)",
+            r.body.len()
+        );
+        assert_eq!(n.get("/lua").text(), "LUA\n");
+    }
+    let names = thread_names(worker(&n));
+    assert_eq!(
+        names.len(),
+        4,
+        "event loop + 2 io_pool + 1 lua_pool: {names:?}"
+    );
+    assert_eq!(
+        names.iter().filter(|n| *n == "tp lua_pool").count(),
+        1,
+        "{names:?}"
+    );
+    n.assert_clean_log();
+}
