@@ -2,7 +2,7 @@
 
 SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
+DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson libpcre3 \
 	libluajit2-5.1-dev libclang-dev clang pkg-config wrk
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run

@@ -15,6 +15,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// A pool thread's stack: the event loop's under Linux's default `ulimit -s`
+/// (Rust's default, 2 MiB, is less), so that code recursing on the C stack,
+/// like PCRE matching without JIT, gets as deep as in the event loop.
+const THREAD_STACK_SIZE: usize = 8 << 20;
+
 /// A task on its way to a pool thread.
 pub struct Job {
     pub task: TaskId,
@@ -74,6 +79,7 @@ impl Worker {
                     (spec.clone(), rx.clone(), done_tx.clone(), stopping.clone());
                 let handle = std::thread::Builder::new()
                     .name(format!("tp {}", spec.pool))
+                    .stack_size(THREAD_STACK_SIZE)
                     .spawn(move || thread_main(thread_spec, i, rx, done, stopping))
                     .map_err(|e| {
                         format!("thread pool \"{}\": cannot start a thread: {e}", spec.pool)

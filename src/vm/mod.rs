@@ -3,6 +3,7 @@
 
 pub mod chunk;
 mod ngx_api;
+mod ngx_re;
 
 use crate::codec;
 use crate::ngx::log::Log;

@@ -32,6 +32,7 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>) -> mlua::Result<()> {
         .load(include_str!("ngx.lua"))
         .set_name("=ngx_threadpool.ngx")
         .call(prim)?;
+    super::ngx_re::install(lua, &ngx)?;
     lua.globals().set("ngx", ngx)?;
     lua.globals().set("print", print)?;
     Ok(())
