@@ -7,7 +7,7 @@ DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson l
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
 
-.PHONY: deps build test lint run bench clean
+.PHONY: deps build test lint run bench bench-deps clean
 
 # Installs the Debian packages that are missing (apt-get update only then).
 deps:
@@ -41,6 +41,16 @@ run: build
 	@echo "  curl 'http://127.0.0.1:8080/sort?n=200000'    a CPU-heavy sort, offloaded"
 	@echo "  curl 'http://127.0.0.1:8080/sort-inline?n=200000'  the same sort on the event loop"
 	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
+
+# The benchmark's own Debian packages (plots); make test does not need them.
+bench-deps:
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES=python3-matplotlib
+
+# push_task vs inline Lua vs ngx.run_worker_thread on loopback: writes
+# bench/REPORT.md and bench/*.png. ~10 minutes; QUICK=1 for a ~1 minute smoke
+# run. System python3, for Debian's matplotlib.
+bench: build bench-deps
+	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
 
 clean:
 	cargo clean

@@ -1,0 +1,218 @@
+-- The hand-off benchmark, measured inside nginx: one request runs C light
+-- threads that each hand the trivial task (bench_tasks.upper) to a variant
+-- in a loop, until a shared count or a deadline is reached, and times every
+-- round trip with the monotonic clock. Answers JSON: counts, errors, the
+-- CPU time the event-loop thread spent, and a histogram of round trips (64
+-- buckets per octave of nanoseconds, ~1%).
+--
+--   GET /handoff?variant=inline|rwt|tp&c=8&payload=16&ms=1000&max=1000000
+
+local ffi = require "ffi"
+local cjson = require "cjson.safe"
+local new_tab = require "table.new"
+local tasks = require "bench_tasks"
+
+local C = ffi.C
+local floor = math.floor
+local log = math.log
+local rep = string.rep
+local spawn = ngx.thread.spawn
+local wait = ngx.thread.wait
+local run_worker_thread = ngx.run_worker_thread
+local upper = tasks.upper
+local encode = cjson.encode
+local pairs = pairs
+local pcall = pcall
+local require = require
+local tonumber = tonumber
+local tostring = tostring
+local type = type
+
+ffi.cdef [[
+typedef struct { long sec; long nsec; } bench_timespec_t;
+int clock_gettime(int clock_id, bench_timespec_t *ts);
+typedef struct {
+    long utime_sec, utime_usec, stime_sec, stime_usec;
+    long other[14];
+} bench_rusage_t;
+int getrusage(int who, bench_rusage_t *usage);
+]]
+
+local CLOCK_MONOTONIC = 1
+local RUSAGE_THREAD = 1
+local BUCKETS_PER_OCTAVE = 64
+local K = BUCKETS_PER_OCTAVE / log(2)
+-- A variant that keeps failing (e.g. "no available Lua vm") stops early
+-- rather than spin on the event loop until the deadline.
+local MAX_ERRORS = 1000
+local MAX_C = 256
+local MAX_MS = 120000
+local MAX_COUNT = 10000000
+
+local ts = ffi.new("bench_timespec_t")
+local ru = ffi.new("bench_rusage_t")
+
+local function now_ns()
+    C.clock_gettime(CLOCK_MONOTONIC, ts)
+    return tonumber(ts.sec) * 1e9 + tonumber(ts.nsec)
+end
+
+-- CPU time (user + system) of the calling thread, the event loop, in µs.
+local function loop_cpu_us()
+    C.getrusage(RUSAGE_THREAD, ru)
+    return (tonumber(ru.utime_sec) + tonumber(ru.stime_sec)) * 1e6
+           + tonumber(ru.utime_usec) + tonumber(ru.stime_usec)
+end
+
+local SIZES = { ["16"] = 16, ["1024"] = 1024, ["65536"] = 65536,
+                ["1048576"] = 1048576 }
+local payloads = {}
+
+-- 100 records of 10 string fields: 1,000 entries, two levels deep.
+local function make_table()
+    local t = new_tab(100, 0)
+    for i = 1, 100 do
+        local rec = new_tab(0, 10)
+        for j = 1, 10 do
+            rec["field" .. j] = "value " .. i .. "." .. j
+        end
+        t[i] = rec
+    end
+    return t
+end
+
+local function payload(name)
+    local p = payloads[name]
+    if p == nil then
+        if name == "table" then
+            p = make_table()
+        elseif SIZES[name] then
+            p = rep("a", SIZES[name])
+        else
+            return nil
+        end
+        payloads[name] = p
+    end
+    return p
+end
+
+local tp_pool
+
+local callers = {
+    inline = function(p)
+        return upper(p)
+    end,
+    rwt = function(p)
+        local ok, res = run_worker_thread("rwt", "bench_tasks", "upper", p)
+        if not ok then
+            return nil, res
+        end
+        return res
+    end,
+    tp = function(p)
+        return tp_pool:push_task("upper", p)
+    end,
+}
+
+local function bad_request(msg)
+    ngx.status = 400
+    ngx.say(msg)
+end
+
+local function int_arg(name, default, lo, hi)
+    local v = tonumber(ngx.var["arg_" .. name] or default)
+    if not v or v ~= floor(v) or v < lo or v > hi then
+        return nil
+    end
+    return v
+end
+
+local _M = {}
+
+function _M.run()
+    local variant = ngx.var.arg_variant
+    local call = callers[variant]
+    local c = int_arg("c", 1, 1, MAX_C)
+    local ms = int_arg("ms", 1000, 1, MAX_MS)
+    local max = int_arg("max", MAX_COUNT, 1, MAX_COUNT)
+    local p = payload(ngx.var.arg_payload or "16")
+    if not (call and c and ms and max and p) then
+        return bad_request("bad arguments")
+    end
+    if variant == "tp" and not tp_pool then
+        local ok, pool = pcall(function() return require("resty.threadpool").tp end)
+        if not ok then
+            return bad_request(tostring(pool))
+        end
+        -- a lost task fails the cell after 10 s instead of hanging it
+        pool:set_timeout(10)
+        tp_pool = pool
+    end
+
+    local ptype, plen = type(p), type(p) == "string" and #p or 0
+    local hist = {}
+    local done, failed = 0, 0
+    local errors = {}
+    local cpu0 = loop_cpu_us()
+    local started = now_ns()
+    local deadline = started + ms * 1e6
+
+    local function loop()
+        while done + failed < max do
+            local t0 = now_ns()
+            local res, err = call(p)
+            local t1 = now_ns()
+            if type(res) == ptype and (ptype ~= "string" or #res == plen) then
+                local d = t1 - t0
+                if d < 1 then
+                    d = 1
+                end
+                local b = floor(log(d) * K)
+                hist[b] = (hist[b] or 0) + 1
+                done = done + 1
+            else
+                local key = tostring(err or "unexpected result")
+                errors[key] = (errors[key] or 0) + 1
+                failed = failed + 1
+                if failed >= MAX_ERRORS then
+                    break
+                end
+            end
+            if t1 >= deadline then
+                break
+            end
+        end
+    end
+
+    local threads = new_tab(c, 0)
+    for i = 1, c do
+        local th, err = spawn(loop)
+        if not th then
+            errors["spawn: " .. tostring(err)] = 1
+            break
+        end
+        threads[i] = th
+    end
+    for i = 1, #threads do
+        local ok, err = wait(threads[i])
+        if not ok then
+            local key = "light thread: " .. tostring(err)
+            errors[key] = (errors[key] or 0) + 1
+        end
+    end
+    local elapsed = now_ns() - started
+    local cpu = loop_cpu_us() - cpu0
+
+    local buckets = new_tab(64, 0)
+    for b, n in pairs(hist) do
+        buckets[#buckets + 1] = { b, n }
+    end
+    ngx.say(encode({
+        variant = variant, c = c, payload = ngx.var.arg_payload or "16",
+        ok = done, failed = failed, errors = errors, elapsed_ns = elapsed,
+        loop_cpu_us = cpu,
+        buckets_per_octave = BUCKETS_PER_OCTAVE, hist = buckets,
+    }))
+end
+
+return _M

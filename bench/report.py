@@ -1,0 +1,555 @@
+#!/usr/bin/python3
+"""Writes bench/REPORT.md and the PNG plots from the results of run.py.
+
+  /usr/bin/python3 bench/report.py [bench/out/results.json]
+
+re-renders without running anything.
+"""
+
+import json
+import math
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task"}
+VARIANTS = ("inline", "rwt", "tp")
+COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange"}
+PAYLOADS = ("16", "1024", "65536", "1048576", "table")
+PAYLOAD_LABEL = {"16": "16 B", "1024": "1 KiB", "65536": "64 KiB",
+                 "1048576": "1 MiB", "table": "table (1,000 entries)"}
+# Payloads held to the 1.5x target (the table encodes to ~20 KB).
+SMALL = ("16", "1024", "65536", "table")
+HANDOFF_C = (1, 8, 64)
+THROUGHPUT_C = (1, 8, 32, 128)
+PLOTS = ("handoff_latency.png", "handoff_throughput.png",
+         "hol_latency.png", "sort_throughput.png")
+
+
+# ---- numbers -------------------------------------------------------------
+
+def hist_percentile(cell, q):
+    """The q-th percentile (0-100) of a merged histogram, in µs (the
+    geometric middle of its bucket), or None without samples."""
+    total = sum(cell["hist"].values())
+    if not total:
+        return None
+    bpo = cell["buckets_per_octave"]
+    need = q / 100 * total
+    seen = 0
+    for b in sorted(cell["hist"], key=int):
+        seen += cell["hist"][b]
+        if seen >= need:
+            return 2 ** ((int(b) + 0.5) / bpo) / 1000
+    return None
+
+
+def handoff_stats(cell):
+    secs = cell["elapsed_ns"] / 1e9
+    n = cell["ok"] + cell["failed"]
+    return dict(rate=cell["ok"] / secs if secs else 0.0,
+                loop_us=cell["loop_cpu_us"] / n if n else None,
+                threads_us=cell["threads_cpu_us"] / n if n else None,
+                p50=hist_percentile(cell, 50), p99=hist_percentile(cell, 99),
+                failed=cell["failed"],
+                errors=cell["errors"])
+
+
+def wrk_agg(runs):
+    """Rounds of one wrk measurement: mean of rates and percentiles, max
+    of maxima, sums of counts. Latencies in ms."""
+    if not runs:
+        return None
+    mean = lambda k: statistics.fmean(r[k] for r in runs)
+    return dict(rps=mean("rps"), ok_rps=mean("ok_rps"),
+                p50=mean("p50") / 1000, p90=mean("p90") / 1000,
+                p99=mean("p99") / 1000, p999=mean("p999") / 1000,
+                max=max(r["max"] for r in runs) / 1000,
+                requests=sum(r["requests"] for r in runs),
+                non2xx=sum(r["status"] for r in runs),
+                sock_errors=sum(r["connect"] + r["read"] + r["write"] + r["timeout"]
+                                for r in runs))
+
+
+def ratio(a, b):
+    if a is None or b is None or not b:
+        return None
+    return a / b
+
+
+# ---- formatting ------------------------------------------------------------
+
+def f_num(x, digits=3):
+    """A number with `digits` significant digits, thousands separated."""
+    if x is None:
+        return "–"
+    if x == 0:
+        return "0"
+    mag = int(math.floor(math.log10(abs(x))))
+    places = max(0, digits - 1 - mag)
+    return f"{x:,.{places}f}"
+
+
+def f_ratio(x):
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |",
+           "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def mark(ok):
+    if ok is None:
+        return "**n/a**"
+    return "**met**" if ok else "**missed**"
+
+
+# ---- sections ------------------------------------------------------------
+
+def md_machine(res):
+    m = res["machine"]
+    info = res.get("nginx_info", {})
+    v = info.get("ngx_lua_version")
+    lua = f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}" if v else "?"
+    lines = [
+        f"- Mode: **{res['mode']}** ({', '.join(res['sections'])}), started "
+        f"{res['started']}, {res['seconds']} s; load average "
+        f"{' '.join(res['loadavg_start'])} before, {' '.join(res['loadavg_end'])} after"
+        + (" — **the machine was busy: compare variants side by side only**"
+           if float(res["loadavg_start"][0]) > 0.5 else ""),
+        f"- Machine: {m['nproc']} CPUs ({m['cpu']}), "
+        f"{m['mem_total_kib'] // 1024} MiB, kernel {m['kernel']}",
+        f"- {m['nginx']}, 1 worker; lua-nginx-module {lua}; "
+        f"{info.get('luajit', 'LuaJIT ?')}; "
+        f"{m['rustc']}; module at {m['commit']}",
+        f"- Load generator: {m['wrk'].split(' Copyright')[0]} (closed loop; its `done()` callback "
+        "prints percentiles as JSON, bench/wrk_json.lua); the hand-off section "
+        "measures inside nginx (bench/lua/bench_handoff.lua). Python "
+        f"{m['python']}.",
+        "- Pools: `thread_pool rwt threads=2` for ngx.run_worker_thread "
+        "(`lua_worker_thread_vm_pool_size 100`, the default), `thread_pool tp "
+        "threads=2` for push_task; both with nginx's default max_queue 65536.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def md_handoff(res, targets):
+    h = res.get("handoff")
+    if not h:
+        return "Not run.\n"
+    plan = res["plan"]
+    out = [
+        "One request runs C light threads (`ngx.thread.spawn`); each hands the "
+        "trivial task (uppercase the string; for the table, a copy with every "
+        "string uppercased) to the variant in a loop and times each round trip "
+        "with `clock_gettime(CLOCK_MONOTONIC)` through the FFI. "
+        f"{plan['handoff_rounds']} round(s) of {plan['handoff_ms']} ms per cell, "
+        "the variants alternating; tasks/s = tasks / wall time, percentiles "
+        "from a histogram with ~1% buckets. Inline runs on the event loop, so "
+        "its light threads never overlap: its C is nominal.\n",
+    ]
+    for p in PAYLOADS:
+        rows = []
+        for c in HANDOFF_C:
+            st = {v: handoff_stats(h["cells"][f"{v}|{c}|{p}"])
+                  for v in VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
+            if not st:
+                continue
+            row = [c]
+            for v in VARIANTS:
+                s = st.get(v)
+                row += [f_num(s and s["rate"]), f_num(s and s["p50"]),
+                        f_num(s and s["p99"])] if s else ["–"] * 3
+            tp, rwt, inl = st.get("tp"), st.get("rwt"), st.get("inline")
+            row += [f_ratio(ratio(tp and tp["rate"], rwt and rwt["rate"])),
+                    f_ratio(ratio(tp and tp["rate"], inl and inl["rate"]))]
+            fails = {v: s["failed"] for v, s in st.items() if s["failed"]}
+            row.append(", ".join(f"{LABEL[v]} {n}" for v, n in fails.items()) or "0")
+            rows.append(row)
+        head = ["C"]
+        for v in VARIANTS:
+            head += [f"{LABEL[v]} tasks/s", "p50 µs", "p99 µs"]
+        head += ["push_task / run_worker_thread", "push_task / inline", "failed"]
+        out.append(f"### Payload {PAYLOAD_LABEL[p]}\n\n" + table(head, rows))
+
+    rows = []
+    for p in PAYLOADS:
+        for c in HANDOFF_C:
+            st = {v: handoff_stats(h["cells"][f"{v}|{c}|{p}"])
+                  for v in VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
+            if not st:
+                continue
+            row = [PAYLOAD_LABEL[p], c]
+            for v in VARIANTS:
+                s = st.get(v)
+                row += [f_num(s and s["loop_us"])]
+                if v != "inline":
+                    row += [f_num(s and s["threads_us"])]
+            rows.append(row)
+    out.append("### CPU time per task\n\n"
+               "Event loop: `getrusage(RUSAGE_THREAD)` of the worker's main thread "
+               "around the cell (µs per task, all of it on the event loop: what "
+               "other requests wait for). Pool threads: the worker's other threads "
+               "from /proc (10 ms ticks, coarse in short cells). Includes the "
+               "benchmark loop's own timing and bookkeeping, alike for all.\n\n"
+               + table(["payload", "C", "inline loop µs", "run_worker_thread loop µs",
+                        "its threads µs", "push_task loop µs", "its threads µs"], rows))
+
+    probe = h.get("probe128", {})
+    if probe:
+        rows = []
+        for v, cell in probe.items():
+            s = handoff_stats(cell)
+            errs = "; ".join(f"`{k}` ×{n}" for k, n in s["errors"].items()) or "none"
+            rows.append([LABEL[v], f_num(s["rate"]), cell["ok"], s["failed"], errs])
+        out.append("### Past run_worker_thread's VM pool: C = 128, 16 B\n\n"
+                   "run_worker_thread takes one Lua VM per task in flight from a "
+                   "pool of `lua_worker_thread_vm_pool_size` (100) and fails at once "
+                   "with \"no available Lua vm\" when none is free (no queueing); at "
+                   "C = 64 every task gets one. push_task queues up to max_queue.\n\n"
+                   + table(["variant", "tasks/s", "done", "failed", "errors"], rows))
+
+    # Targets: tasks/s ratio by payload class, and p50 at C = 1.
+    for p in PAYLOADS:
+        need = 1.5 if p in SMALL else 1.0
+        rs = []
+        for c in HANDOFF_C:
+            tp = h["cells"].get(f"tp|{c}|{p}")
+            rwt = h["cells"].get(f"rwt|{c}|{p}")
+            if tp and rwt:
+                rs.append((c, ratio(handoff_stats(tp)["rate"], handoff_stats(rwt)["rate"])))
+        if rs:
+            ok = all(r is not None and r >= need for _, r in rs)
+            targets.append((f"push_task ≥ {need}× run_worker_thread tasks/s, "
+                            f"{PAYLOAD_LABEL[p]}, every C",
+                            ", ".join(f"C={c}: {f_ratio(r)}" for c, r in rs), ok))
+    for p in PAYLOADS:
+        tp = h["cells"].get(f"tp|1|{p}")
+        rwt = h["cells"].get(f"rwt|1|{p}")
+        if tp and rwt:
+            a, b = hist_percentile(tp, 50), hist_percentile(rwt, 50)
+            targets.append((f"round-trip p50 at C=1 below run_worker_thread's, "
+                            f"{PAYLOAD_LABEL[p]}",
+                            f"{f_num(a)} µs vs {f_num(b)} µs",
+                            None if a is None or b is None else a < b))
+    return "\n".join(out)
+
+
+def md_hol(res, targets):
+    h = res.get("hol")
+    if not h:
+        return "Not run.\n"
+    plan = res["plan"]
+    runs = h["runs"]
+    out = [
+        f"A heavy wrk (8 connections, 2 threads) on `/WORKLOAD/VARIANT` and, "
+        f"0.5 s later, a measured wrk (4 connections, 1 thread, "
+        f"{plan['hol_secs']} s) on `/static` (`return 200`) or `/light` "
+        f"(a little Lua, always on the event loop); {plan['hol_rounds']} "
+        f"round(s), variants alternating; percentiles are means over rounds, "
+        f"max the max; the unloaded baseline is measured before and after each "
+        f"round. Sort: {res['sort_n']:,} random numbers (nginx-conf/"
+        "sort.lua). "
+        + ("WAF: nginx-conf/waf.lua with waf_rules.lua on a GET with query "
+           f"`{res['waf_query']}`." if "waf" in h["workloads"] else
+           "WAF: not run (nginx-conf/waf.lua and waf_rules.lua are not there "
+           "yet; the section turns on by itself when they are).") + "\n",
+    ]
+    base = {t: wrk_agg(runs.get(f"unloaded|{t}")) for t in ("static", "light")}
+    rows = [["unloaded", "–"]
+            + [x for t in ("static", "light") for x in
+               ([f_num(base[t]["p50"]), f_num(base[t]["p99"]), f_num(base[t]["max"]), "1.00×"]
+                if base[t] else ["–"] * 4)]
+            + ["–", "–", "–"]]
+    for w in h["workloads"]:
+        for v in VARIANTS:
+            row = [w, LABEL[v]]
+            for t in ("static", "light"):
+                a = wrk_agg(runs.get(f"{w}|{v}|{t}"))
+                if not a:
+                    row += ["–"] * 4
+                    continue
+                row += [f_num(a["p50"]), f_num(a["p99"]), f_num(a["max"]),
+                        f_ratio(ratio(a["p99"], base[t] and base[t]["p99"]))]
+            heavy = wrk_agg(runs.get(f"{w}|{v}|static|heavy", [])
+                            + runs.get(f"{w}|{v}|light|heavy", []))
+            row += [f_num(heavy and heavy["ok_rps"]), f_num(heavy and heavy["p99"]),
+                    heavy["non2xx"] if heavy else "–"]
+            rows.append(row)
+    head = ["heavy load", "variant",
+            "static p50 ms", "p99 ms", "max ms", "p99 ÷ unloaded",
+            "light p50 ms", "p99 ms", "max ms", "p99 ÷ unloaded",
+            "heavy ok req/s", "heavy p99 ms", "heavy non-2xx"]
+    out.append(table(head, rows))
+    if h.get("errors"):
+        out.append("Heavy-handler failures: " + "; ".join(
+            f"`{k}` ×{n}" for k, n in h["errors"].items()) + "\n")
+
+    for w in h["workloads"]:
+        a = wrk_agg(runs.get(f"{w}|tp|static"))
+        if a and base["static"]:
+            r = ratio(a["p99"], base["static"]["p99"])
+            targets.append((f"static p99 under the {w} load (push_task) within 3× "
+                            "of unloaded p99",
+                            f"{f_num(a['p99'])} ms vs {f_num(base['static']['p99'])} ms "
+                            f"({f_ratio(r)})", r is not None and r <= 3))
+    return "\n".join(out)
+
+
+def md_throughput(res, targets):
+    t = res.get("throughput")
+    if not t:
+        return "Not run.\n"
+    plan = res["plan"]
+    out = [f"wrk on `/sort/VARIANT?n={res['sort_n']}` for {plan['tput_secs']} s per "
+           f"cell, {plan['tput_rounds']} round(s), variants alternating; ok req/s "
+           "counts 2xx answers only (a failure answers 503). non-2xx is what wrk "
+           "counted; the failures below are what nginx counted, answers wrk "
+           "no longer waited for included.\n"]
+    rows, ratios = [], []
+    for c in THROUGHPUT_C:
+        a = {v: wrk_agg(t["runs"].get(f"{v}|{c}")) for v in VARIANTS}
+        row = [c]
+        for v in VARIANTS:
+            row += ([f_num(a[v]["ok_rps"]), f_num(a[v]["p99"]), a[v]["non2xx"]]
+                    if a[v] else ["–"] * 3)
+        r_rwt = ratio(a["tp"] and a["tp"]["ok_rps"], a["rwt"] and a["rwt"]["ok_rps"])
+        r_inl = ratio(a["tp"] and a["tp"]["ok_rps"], a["inline"] and a["inline"]["ok_rps"])
+        row += [f_ratio(r_rwt), f_ratio(r_inl)]
+        rows.append(row)
+        ratios.append((c, r_rwt))
+    head = ["connections"]
+    for v in VARIANTS:
+        head += [f"{LABEL[v]} ok req/s", "p99 ms", "non-2xx"]
+    head += ["push_task / run_worker_thread", "push_task / inline"]
+    out.append(table(head, rows))
+    errs = [f"C={k.split('|')[1]} {LABEL[k.split('|')[0]]}: "
+            + "; ".join(f"`{m.split(': ', 1)[-1]}` ×{n}" for m, n in e.items())
+            for k, e in t.get("errors", {}).items() if e]
+    if errs:
+        out.append("Failures: " + " — ".join(errs) + "\n")
+    if any(r is not None for _, r in ratios):
+        targets.append(("sort throughput, push_task ≥ run_worker_thread at every "
+                        "concurrency",
+                        ", ".join(f"C={c}: {f_ratio(r)}" for c, r in ratios),
+                        all(r is not None and r >= 1 for _, r in ratios)))
+    return "\n".join(out)
+
+
+def md_memory(res, targets):
+    m = res.get("memory")
+    if not m:
+        return "Not run.\n"
+    rows_by = {(r["kind"], r["threads"]): r for r in m["rows"]}
+    none = rows_by.get(("none", 0))
+    out = [f"Worker VmRSS, one nginx start per row: idle once the thread count "
+           f"and RSS stop moving, then after {m['tasks']:,} tasks (1 KiB, C=8) "
+           "of the variant (row 0: the same loop inline, no pool). Average per "
+           "thread = (idle − idle without pools) ÷ threads, one-off costs "
+           "included. run_worker_thread's VMs are "
+           "created per task in flight, not per thread, so its idle threads "
+           "hold no Lua state.\n"]
+    rows = []
+    for n in sorted({r["threads"] for r in m["rows"]}):
+        row = [n]
+        for kind in (("none",) if n == 0 else ("tp", "rwt")):
+            r = rows_by.get((kind, n))
+            if not r:
+                row += ["–"] * 4
+                continue
+            delta = ((r["rss_idle_kib"] - none["rss_idle_kib"]) / n / 1024
+                     if none and n else None)
+            row += [f"{r['rss_idle_kib'] / 1024:.1f}", f"{r['rss_after_kib'] / 1024:.1f}",
+                    "–" if delta is None else f"{delta:.2f}",
+                    f"{r['threads_idle']}/{r['threads_after']}"]
+        if n == 0:
+            row += ["–"] * 4
+        rows.append(row)
+    head = ["pool threads",
+            "push_task idle MiB", "after MiB", "avg per thread MiB", "OS threads idle/after",
+            "run_worker_thread idle MiB", "after MiB", "avg per thread MiB",
+            "OS threads idle/after"]
+    out.append(table(head, rows))
+    bad = [r for r in m["rows"] if r["failed"] or not r["alive"]]
+    for r in bad:
+        out.append(f"- {r['kind']} {r['threads']} threads: {r['failed']} failed "
+                   f"{r['errors']}, worker alive: {r['alive']}\n")
+    # Each thread's own cost: the slope between the smallest and largest
+    # pools; the first thread also pays one-off costs (the module's code and
+    # data pages, a malloc arena), shown by the 1-thread row.
+    tps = sorted((r["threads"], r["rss_idle_kib"]) for r in m["rows"]
+                 if r["kind"] == "tp")
+    if len(tps) >= 2 and tps[-1][0] > tps[0][0]:
+        (n0, r0), (n1, r1) = tps[0], tps[-1]
+        slope = (r1 - r0) / (n1 - n0) / 1024
+        fixed = (r0 - none["rss_idle_kib"]) / 1024 - slope * n0 if none else None
+        out.append(f"Each idle push_task thread adds {slope:.2f} MiB (slope from "
+                   f"{n0} to {n1} threads); the pool's one-off cost on top is "
+                   + ("–" if fixed is None else f"{fixed:.2f} MiB") + ".\n")
+        targets.append(("idle push_task thread RSS under 2 MiB each",
+                        f"{slope:.2f} MiB per thread ({n0}→{n1} threads), plus "
+                        + ("–" if fixed is None else f"{fixed:.2f} MiB")
+                        + " once per pool", slope < 2))
+    return "\n".join(out)
+
+
+def md_problems(res):
+    """Everything that went wrong: failed sections, crashed workers and
+    the error.log lines, grouped."""
+    out = []
+    for s, f in res.get("failures", {}).items():
+        out.append(f"- Section **{s}** failed: `{f['error']}`")
+        out += [f"  - `{line[:300]}`" for line in f["log"][-10:]]
+    for s in ("handoff", "hol", "throughput"):
+        sec = res.get(s)
+        if sec and not sec.get("alive", True):
+            out.append(f"- Section **{s}**: the worker process died during the run "
+                       "(see the log lines below)")
+    logs = {}
+    for s in ("handoff", "hol", "throughput"):
+        if res.get(s):
+            logs[s] = res[s].get("log", [])
+    for name, lines in res.get("memory", {}).get("log", {}).items():
+        logs[name] = lines
+    for name, lines in logs.items():
+        # strip the timestamp and pids so equal messages group
+        c = Counter(line.split("] ", 1)[-1].split(": ", 1)[-1][:300] for line in lines
+                    if "[notice]" not in line)
+        for msg, n in c.most_common(10):
+            out.append(f"- {name}: ×{n} `{msg}`")
+    return ("\n".join(out) if out else "None: no failed section, no dead worker, "
+            "no error.log line at warn or worse.") + "\n"
+
+
+# ---- plots -----------------------------------------------------------------
+
+def plots(res, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    note = f" ({res['mode']} run, {res['machine']['nproc']} CPUs)"
+    h = res.get("handoff")
+    if h:
+        for name, what in (("handoff_latency.png", "latency"),
+                           ("handoff_throughput.png", "rate")):
+            fig, axes = plt.subplots(1, len(PAYLOADS), figsize=(18, 4.2))
+            for ax, p in zip(axes, PAYLOADS):
+                for v in VARIANTS:
+                    st = [handoff_stats(h["cells"][f"{v}|{c}|{p}"])
+                          if f"{v}|{c}|{p}" in h["cells"] else None for c in HANDOFF_C]
+                    if what == "latency":
+                        for q, style in (("p50", "-"), ("p99", "--")):
+                            ax.plot(HANDOFF_C, [s and s[q] for s in st], style,
+                                    marker="o", color=COLORS[v],
+                                    label=f"{LABEL[v]} {q}")
+                    else:
+                        ax.plot(HANDOFF_C, [s and s["rate"] for s in st], "-",
+                                marker="o", color=COLORS[v], label=LABEL[v])
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+                ax.set_xticks(HANDOFF_C, [str(c) for c in HANDOFF_C])
+                ax.set_title(PAYLOAD_LABEL[p])
+                ax.set_xlabel("concurrency (light threads)")
+                ax.grid(True, which="both", alpha=0.3)
+            axes[0].set_ylabel("round trip µs" if what == "latency" else "tasks/s")
+            axes[0].legend(fontsize=7)
+            fig.suptitle(("Hand-off round-trip latency, p50 (solid) and p99 (dashed)"
+                          if what == "latency" else "Hand-off throughput") + note)
+            fig.tight_layout()
+            fig.savefig(out_dir / name, dpi=80)
+            plt.close(fig)
+
+    hol = res.get("hol")
+    if hol:
+        runs = hol["runs"]
+        fig, axes = plt.subplots(len(hol["workloads"]), 2, squeeze=False,
+                                 figsize=(12, 4.2 * len(hol["workloads"])))
+        for wi, w in enumerate(hol["workloads"]):
+            for ti, t in enumerate(("static", "light")):
+                ax = axes[wi][ti]
+                groups = [("unloaded", wrk_agg(runs.get(f"unloaded|{t}")))]
+                groups += [(LABEL[v], wrk_agg(runs.get(f"{w}|{v}|{t}"))) for v in VARIANTS]
+                qs = ("p50", "p99", "max")
+                for qi, q in enumerate(qs):
+                    xs = [gi + (qi - 1) * 0.27 for gi in range(len(groups))]
+                    ax.bar(xs, [g[1][q] if g[1] else 0 for g in groups], width=0.27,
+                           label=q)
+                ax.set_xticks(range(len(groups)), [g[0] for g in groups])
+                ax.set_yscale("log")
+                ax.set_ylabel("latency ms")
+                ax.set_title(f"/{t} while {w} runs, by variant")
+                ax.grid(True, axis="y", which="both", alpha=0.3)
+                ax.legend(fontsize=8)
+        fig.suptitle("Head of line: latency of cheap requests under CPU-heavy load" + note)
+        fig.tight_layout()
+        fig.savefig(out_dir / "hol_latency.png", dpi=80)
+        plt.close(fig)
+
+    tput = res.get("throughput")
+    if tput:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        for v in VARIANTS:
+            a = [wrk_agg(tput["runs"].get(f"{v}|{c}")) for c in THROUGHPUT_C]
+            axes[0].plot(THROUGHPUT_C, [x and x["ok_rps"] for x in a], marker="o",
+                         color=COLORS[v], label=LABEL[v])
+            axes[1].plot(THROUGHPUT_C, [x and x["p99"] for x in a], marker="o",
+                         color=COLORS[v], label=LABEL[v])
+        for ax, yl in zip(axes, ("ok requests/s", "p99 ms")):
+            ax.set_xscale("log")
+            ax.set_xticks(THROUGHPUT_C, [str(c) for c in THROUGHPUT_C])
+            ax.set_xlabel("concurrent connections")
+            ax.set_ylabel(yl)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        axes[1].set_yscale("log")
+        fig.suptitle(f"Sort of {res['sort_n']:,} numbers: throughput vs concurrency" + note)
+        fig.tight_layout()
+        fig.savefig(out_dir / "sort_throughput.png", dpi=80)
+        plt.close(fig)
+
+
+# ---- the report --------------------------------------------------------------
+
+def render(res, out_dir):
+    out_dir = Path(out_dir)
+    targets = []
+    body = {
+        "handoff": md_handoff(res, targets),
+        "hol": md_hol(res, targets),
+        "throughput": md_throughput(res, targets),
+        "memory": md_memory(res, targets),
+    }
+    for p in PLOTS:
+        (out_dir / p).unlink(missing_ok=True)
+    plots(res, out_dir)
+    images = [p for p in PLOTS if (out_dir / p).exists()]
+    doc = [
+        "# ngx_threadpool benchmark: push_task vs inline Lua vs ngx.run_worker_thread\n",
+        "Generated by `make bench` (bench/run.py"
+        + (", QUICK=1: short smoke durations, numbers are indicative only"
+           if res["mode"] == "quick" else "")
+        + "). Compare variants within this run only: they alternate round by "
+        "round, so they saw the same machine.\n",
+        "## Machine and versions\n", md_machine(res),
+        "## Targets\n",
+        table(["target", "measured", "status"],
+              [(t, m, mark(ok)) for t, m, ok in targets]) if targets else "No section ran.\n",
+        "## Hand-off overhead\n", body["handoff"],
+        "## Head of line\n", body["hol"],
+        "## CPU throughput (sort)\n", body["throughput"],
+        "## Memory\n", body["memory"],
+        "## Errors, crashes and log lines\n", md_problems(res),
+        "## Plots\n",
+        "\n".join(f"![{p}]({p})" for p in images) + "\n",
+    ]
+    (out_dir / "REPORT.md").write_text("\n".join(doc))
+
+
+if __name__ == "__main__":
+    src = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "out/results.json"
+    render(json.loads(src.read_text()), Path(__file__).resolve().parent)

@@ -1,0 +1,500 @@
+#!/usr/bin/python3
+"""make bench: push_task against inline Lua and ngx.run_worker_thread.
+
+Starts Debian's nginx with bench/nginx.conf.tmpl (one worker, loopback
+only), runs four sections and writes bench/REPORT.md and bench/*.png
+(through report.py); raw results go to bench/out/results.json.
+
+  handoff     round trips of a trivial task, measured inside nginx
+  hol         head of line: static and light latency under heavy load
+  throughput  the sort handler's requests/s by concurrent connections
+  memory      worker RSS by pool threads, idle and after many tasks
+
+Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
+~1 minute smoke version; the full run takes ~10 minutes.
+"""
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the sources
+import report  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+OUT = BENCH / "out"
+MODULE = REPO / "target/release/libngx_threadpool.so"
+NGINX = "/usr/sbin/nginx"
+WRK = "wrk"
+WRK_SCRIPT = BENCH / "wrk_json.lua"
+WAF_FILES = (REPO / "nginx-conf/waf.lua", REPO / "nginx-conf/waf_rules.lua")
+
+VARIANTS = ("inline", "rwt", "tp")
+PAYLOADS = ("16", "1024", "65536", "1048576", "table")
+HANDOFF_C = (1, 8, 64)
+THROUGHPUT_C = (1, 8, 32, 128)
+MEMORY_THREADS = (0, 1, 4, 16)
+SECTIONS = ("handoff", "hol", "throughput", "memory")
+SORT_N = 20000
+# Query string of the WAF requests: a little of everything rules look at.
+WAF_QUERY = ("user=alice&q=select+name+from+users+where+id%3D1&page=2"
+             "&redirect=http%3A%2F%2Fexample.com%2F")
+
+# Durations of the two modes (seconds unless named _ms).
+PLANS = {
+    "full": dict(handoff_rounds=3, handoff_ms=1000, warmup_ms=300,
+                 hol_rounds=2, hol_secs=5, tput_rounds=2, tput_secs=5,
+                 mem_tasks=100000),
+    "quick": dict(handoff_rounds=1, handoff_ms=200, warmup_ms=100,
+                  hol_rounds=1, hol_secs=1, tput_rounds=1, tput_secs=2,
+                  mem_tasks=20000),
+}
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid):
+    """Pids of the processes whose parent is pid."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # the command may hold spaces and parentheses: split after the last ')'
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid:
+            out.append(int(d.name))
+    return out
+
+
+def kib(path, key):
+    """The `key: N kB` field of a /proc file."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def rss_kib(pid):
+    return kib(f"/proc/{pid}/status", "VmRSS")
+
+
+def thread_count(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def pool_threads_cpu_us(pid):
+    """CPU time (user + system) of pid's threads but the main one (the
+    event loop), in µs; clock-tick resolution (10 ms)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        if int(tid) == pid:
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+    return total * 1e6 / os.sysconf("SC_CLK_TCK")
+
+
+class Nginx:
+    """One nginx under bench/out/NAME: started on a free loopback port,
+    stopped (QUIT, then TERM, then KILL) on exit from the with block."""
+
+    last = None  # the last nginx started: its versions and logs for the report
+
+    def __init__(self, name, tp_threads=2, rwt_threads=2):
+        self.name = name
+        self.prefix = OUT / name
+        self.port = free_port()
+        for sub in ("conf", "logs"):
+            (self.prefix / sub).mkdir(parents=True, exist_ok=True)
+        for f in (self.prefix / "logs").iterdir():
+            f.unlink()
+        pools = []
+        if rwt_threads:
+            pools.append(f"thread_pool rwt threads={rwt_threads};")
+        handler = ""
+        if tp_threads:
+            pools.append(f"thread_pool tp threads={tp_threads};")
+            handler = ('thread_pool_process_by_lua tp '
+                       '"return require(\'bench_tasks\').call";')
+        conf = (BENCH / "nginx.conf.tmpl").read_text()
+        for key, value in (("MODULE", str(MODULE)), ("REPO", str(REPO)),
+                           ("PORT", str(self.port)),
+                           ("POOLS", "\n".join(pools)),
+                           ("TP_HANDLER", handler)):
+            conf = conf.replace(f"@{key}@", value)
+        (self.prefix / "conf/nginx.conf").write_text(conf)
+        self.proc = None
+        self.worker = None
+        self.info = {}
+        Nginx.last = self
+
+    def __enter__(self):
+        stderr = open(self.prefix / "logs/stderr.log", "w")
+        self.proc = subprocess.Popen(
+            [NGINX, "-p", str(self.prefix), "-c", "conf/nginx.conf"],
+            stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+        stderr.close()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nginx {self.name} exited: "
+                                   + self.problems_text())
+            try:
+                info = self.get_json("/info", timeout=2)
+                self.info = info
+                self.worker = info["worker_pid"]
+                return self
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"nginx {self.name} did not answer: "
+                           + self.problems_text())
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGQUIT, 15), (signal.SIGTERM, 5),
+                          (signal.SIGKILL, 5)):
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                log(f"nginx {self.name} still running after {sig.name}")
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get_json(self, path, timeout):
+        with urllib.request.urlopen(self.url(path), timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def errors(self):
+        """Failures the heavy handlers counted since the last call."""
+        return self.get_json("/errors", timeout=10)
+
+    def problems(self):
+        """error.log lines at warn or worse, and nginx's stderr."""
+        lines = []
+        for f in ("error.log", "stderr.log"):
+            p = self.prefix / "logs" / f
+            if p.exists():
+                lines += [l for l in p.read_text(errors="replace").splitlines()
+                          if l.strip()]
+        return lines
+
+    def problems_text(self):
+        return "\n".join(self.problems()[-20:]) or "(no log lines)"
+
+    def alive(self):
+        """Whether the worker that started is still the one running (a
+        crash makes the master start another)."""
+        return self.proc.poll() is None and self.worker in children(self.proc.pid)
+
+
+def wrk_start(url, conns, secs):
+    threads = 1 if conns < 8 else 2
+    cmd = [WRK, "-t", str(threads), "-c", str(conns), "-d", f"{secs}s",
+           "--timeout", "10s", "-s", str(WRK_SCRIPT), url]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wrk_wait(proc, secs):
+    """The JSON line of wrk_json.lua, with req/s and ok req/s added."""
+    try:
+        out, err = proc.communicate(timeout=secs + 30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise RuntimeError("wrk did not finish in time")
+    for line in out.splitlines():
+        if line.startswith("BENCH_JSON "):
+            r = json.loads(line[len("BENCH_JSON "):])
+            dur = r["duration_us"] / 1e6
+            r["rps"] = r["requests"] / dur if dur else 0.0
+            r["ok_rps"] = (r["requests"] - r["status"]) / dur if dur else 0.0
+            return r
+    raise RuntimeError(f"wrk gave no result: {out}\n{err}")
+
+
+def wrk_run(url, conns, secs):
+    return wrk_wait(wrk_start(url, conns, secs), secs)
+
+
+def rotated(seq, k):
+    k %= len(seq)
+    return seq[k:] + seq[:k]
+
+
+def merge_handoff(acc, r):
+    """Adds one cell result (JSON from bench_handoff.lua) into acc."""
+    if acc is None:
+        acc = dict(ok=0, failed=0, elapsed_ns=0, loop_cpu_us=0,
+                   threads_cpu_us=0, errors={}, hist={},
+                   buckets_per_octave=r["buckets_per_octave"])
+    acc["ok"] += r["ok"]
+    acc["failed"] += r["failed"]
+    acc["elapsed_ns"] += r["elapsed_ns"]
+    acc["loop_cpu_us"] += r["loop_cpu_us"]
+    acc["threads_cpu_us"] += r["threads_cpu_us"]
+    for k, n in r["errors"].items():
+        acc["errors"][k] = acc["errors"].get(k, 0) + n
+    hist = r["hist"] if isinstance(r["hist"], list) else []
+    for b, n in hist:
+        acc["hist"][str(b)] = acc["hist"].get(str(b), 0) + n
+    return acc
+
+
+def handoff_cell(ng, variant, c, payload, ms, max_count=10_000_000):
+    """One /handoff request, plus the pool threads' CPU time during it."""
+    path = (f"/handoff?variant={variant}&c={c}&payload={payload}"
+            f"&ms={ms}&max={max_count}")
+    cpu0 = pool_threads_cpu_us(ng.worker)
+    r = ng.get_json(path, timeout=ms / 1000 + 60)
+    r["threads_cpu_us"] = pool_threads_cpu_us(ng.worker) - cpu0
+    return r
+
+
+def section_handoff(plan, res):
+    cells = {}
+    with Nginx("handoff") as ng:
+        # JIT the loops, create run_worker_thread's VMs (one per task in
+        # flight) and load the modules in every VM before measuring.
+        for v in VARIANTS:
+            for p in ("16", "table"):
+                handoff_cell(ng, v, 64, p, plan["warmup_ms"])
+        for rnd in range(plan["handoff_rounds"]):
+            log(f"handoff round {rnd + 1}/{plan['handoff_rounds']}")
+            i = 0
+            for c in HANDOFF_C:
+                for p in PAYLOADS:
+                    for v in rotated(VARIANTS, rnd + i):
+                        key = f"{v}|{c}|{p}"
+                        cells[key] = merge_handoff(
+                            cells.get(key),
+                            handoff_cell(ng, v, c, p, plan["handoff_ms"]))
+                    i += 1
+        # Past run_worker_thread's VM pool (100): what C=128 does.
+        probe = {}
+        for v in ("rwt", "tp"):
+            probe[v] = merge_handoff(None, handoff_cell(
+                ng, v, 128, "16", plan["handoff_ms"]))
+        res["handoff"] = dict(cells=cells, probe128=probe,
+                              alive=ng.alive())
+    res["handoff"]["log"] = ng.problems()
+
+
+def heavy_url(ng, workload, variant):
+    query = f"n={SORT_N}" if workload == "sort" else WAF_QUERY
+    return ng.url(f"/{workload}/{variant}?{query}")
+
+
+def section_hol(plan, res, workloads):
+    secs = plan["hol_secs"]
+    runs = {}
+
+    def add(key, r):
+        runs.setdefault(key, []).append(r)
+
+    # The baseline before and after each round: one noisy sample is not
+    # enough to divide by.
+    def unloaded():
+        for target in ("static", "light"):
+            add(f"unloaded|{target}", wrk_run(ng.url(f"/{target}"), 4, secs))
+
+    with Nginx("hol") as ng:
+        for w in workloads:
+            for v in VARIANTS:
+                wrk_run(heavy_url(ng, w, v), 8, 1)
+        ng.errors()
+        for rnd in range(plan["hol_rounds"]):
+            log(f"head-of-line round {rnd + 1}/{plan['hol_rounds']}")
+            unloaded()
+            for w in workloads:
+                for v in rotated(VARIANTS, rnd):
+                    for target in ("static", "light"):
+                        heavy = wrk_start(heavy_url(ng, w, v), 8, secs + 1)
+                        time.sleep(0.5)
+                        add(f"{w}|{v}|{target}",
+                            wrk_run(ng.url(f"/{target}"), 4, secs))
+                        add(f"{w}|{v}|{target}|heavy", wrk_wait(heavy, secs + 1))
+            unloaded()
+        errors = ng.errors()
+        alive = ng.alive()
+    res["hol"] = dict(runs=runs, errors=errors, alive=alive,
+                      workloads=list(workloads), log=ng.problems())
+
+
+def section_throughput(plan, res):
+    secs = plan["tput_secs"]
+    runs, errors = {}, {}
+    with Nginx("throughput") as ng:
+        for v in VARIANTS:
+            wrk_run(heavy_url(ng, "sort", v), 8, 1)
+        ng.errors()
+        for rnd in range(plan["tput_rounds"]):
+            log(f"throughput round {rnd + 1}/{plan['tput_rounds']}")
+            for i, c in enumerate(THROUGHPUT_C):
+                for v in rotated(VARIANTS, rnd + i):
+                    key = f"{v}|{c}"
+                    runs.setdefault(key, []).append(
+                        wrk_run(heavy_url(ng, "sort", v), c, secs))
+                    for k, n in ng.errors().items():
+                        e = errors.setdefault(key, {})
+                        e[k] = e.get(k, 0) + n
+        alive = ng.alive()
+    res["throughput"] = dict(runs=runs, errors=errors, alive=alive,
+                             log=ng.problems())
+
+
+def settle(pid, secs=0.5):
+    """Waits until the worker's thread count and RSS stop moving (pool
+    threads build their Lua states after start), at most 5 s."""
+    deadline = time.monotonic() + 5
+    last = None
+    while time.monotonic() < deadline:
+        now = (thread_count(pid), rss_kib(pid))
+        if now == last:
+            return
+        last = now
+        time.sleep(secs)
+
+
+def section_memory(plan, res):
+    tasks = plan["mem_tasks"]
+    rows = []
+    logs = {}
+    configs = [("none", 0, 0)]
+    for n in MEMORY_THREADS[1:]:
+        configs += [("tp", n, 0), ("rwt", 0, n)]
+    for kind, tp_threads, rwt_threads in configs:
+        name = f"memory-{kind}-{tp_threads or rwt_threads}"
+        with Nginx(name, tp_threads=tp_threads, rwt_threads=rwt_threads) as ng:
+            settle(ng.worker)
+            idle = rss_kib(ng.worker)
+            threads_idle = thread_count(ng.worker)
+            # Without a pool the same loop runs inline: the event loop's
+            # own garbage is in every row's "after".
+            variant = {"none": "inline"}.get(kind, kind)
+            r = handoff_cell(ng, variant, 8, "1024", 120000, tasks)
+            settle(ng.worker)
+            rows.append(dict(kind=kind, threads=tp_threads or rwt_threads,
+                             rss_idle_kib=idle, threads_idle=threads_idle,
+                             rss_after_kib=rss_kib(ng.worker),
+                             threads_after=thread_count(ng.worker),
+                             tasks=r["ok"], failed=r["failed"],
+                             errors=r["errors"], alive=ng.alive()))
+        logs[name] = ng.problems()
+    res["memory"] = dict(rows=rows, tasks=tasks, log=logs)
+
+
+def machine():
+    def run(cmd):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            return (p.stdout + p.stderr).strip()
+        except OSError as e:
+            return f"({e})"
+
+    cpu = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return dict(
+        nproc=os.cpu_count(), cpu=cpu, kernel=platform.release(),
+        nginx=run([NGINX, "-v"]).replace("nginx version: ", ""),
+        rustc=run(["rustc", "--version"]),
+        wrk=run([WRK, "-v"]).splitlines()[0],
+        python=platform.python_version(),
+        commit=run(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
+        mem_total_kib=kib("/proc/meminfo", "MemTotal"),
+    )
+
+
+def loadavg():
+    return Path("/proc/loadavg").read_text().split()[:3]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    default=os.environ.get("QUICK", "") not in ("", "0"),
+                    help="~1 minute smoke run (also QUICK=1)")
+    ap.add_argument("--sections", default=os.environ.get("BENCH_SECTIONS", ",".join(SECTIONS)),
+                    help="comma-separated subset of " + ",".join(SECTIONS))
+    args = ap.parse_args()
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if not MODULE.exists():
+        sys.exit(f"{MODULE} missing: run `make build` first")
+
+    mode = "quick" if args.quick else "full"
+    plan = PLANS[mode]
+    workloads = ["sort"] + (["waf"] if all(f.exists() for f in WAF_FILES) else [])
+    OUT.mkdir(exist_ok=True)
+    res = dict(mode=mode, plan=plan, sections=sections, workloads=workloads,
+               sort_n=SORT_N, waf_query=WAF_QUERY, machine=machine(),
+               loadavg_start=loadavg(), started=time.strftime("%Y-%m-%d %H:%M:%S %z"))
+    t0 = time.monotonic()
+    log(f"{mode} run: {', '.join(sections)}; workloads {', '.join(workloads)}; "
+        f"load average {' '.join(res['loadavg_start'])}")
+    steps = dict(handoff=lambda: section_handoff(plan, res),
+                 hol=lambda: section_hol(plan, res, workloads),
+                 throughput=lambda: section_throughput(plan, res),
+                 memory=lambda: section_memory(plan, res))
+    failed = False
+    for s in sections:
+        log(f"section {s}")
+        try:
+            steps[s]()
+        except (RuntimeError, OSError, KeyError, ValueError,
+                urllib.error.URLError) as e:
+            # Report what broke (a hang, a crash) and go on with the rest.
+            log(f"section {s} failed: {e}")
+            res.setdefault("failures", {})[s] = dict(
+                error=str(e), log=Nginx.last.problems() if Nginx.last else [])
+            failed = True
+    res["nginx_info"] = Nginx.last.info if Nginx.last else {}
+    res["loadavg_end"] = loadavg()
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    (OUT / "results.json").write_text(json.dumps(res, indent=1))
+    report.render(res, BENCH)
+    log(f"done in {res['seconds']} s: {BENCH / 'REPORT.md'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
