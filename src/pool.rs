@@ -1,14 +1,14 @@
 //! Per-worker pools: threads, their job channels, and the worker's state on
 //! the event loop.
 //!
-//! Each pool has a bounded crossbeam channel of jobs (capacity `max_queue`)
+//! Each pool has a crossbeam channel of jobs, bounded at `max_queue`
 //! read by its threads. Every thread posts completions to the one
 //! completion channel of the worker and wakes the event loop (notify.rs).
 
 use crate::notify;
 use crate::task::{RequestTasks, TaskId, Tasks};
 use crate::vm::{self, Spec, ThreadVm};
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,6 +35,11 @@ pub struct Completion {
 
 struct Pool {
     name: String,
+    /// The bound on queued jobs. Checked before each send rather than given
+    /// to `bounded()`, which would preallocate and touch every slot: 2.5 MiB
+    /// per pool and worker for nginx's default max_queue of 65536. Only the
+    /// event loop sends, so the check is exact.
+    max_queue: usize,
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -72,7 +77,7 @@ impl Worker {
         let stopping = Arc::new(AtomicBool::new(false));
         let mut pools = Vec::with_capacity(specs.len());
         for (spec, threads, max_queue) in specs {
-            let (tx, rx) = bounded::<Job>(max_queue);
+            let (tx, rx) = unbounded::<Job>();
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
                 let (thread_spec, rx, done, stopping) =
@@ -88,6 +93,7 @@ impl Worker {
             }
             pools.push(Pool {
                 name: spec.pool,
+                max_queue,
                 jobs: Some(tx),
                 threads: handles,
             });
@@ -112,34 +118,31 @@ impl Worker {
         owner: *mut RequestTasks,
         args: &[u8],
     ) -> Result<TaskId, PushError> {
-        let jobs = self
+        let pool = self
             .pools
             .get(pool)
-            .and_then(|p| p.jobs.as_ref())
             .ok_or_else(|| PushError::Other("no such thread pool".into()))?;
-        if jobs.is_full() {
+        let jobs = pool
+            .jobs
+            .as_ref()
+            .ok_or_else(|| PushError::Other("thread pool is stopped".into()))?;
+        if jobs.len() >= pool.max_queue {
             return Err(PushError::Full);
         }
         // SAFETY: forwarded from the caller.
         let task = unsafe { self.tasks.start(owner) }.map_err(PushError::Other)?;
         let mut payload = self.tasks.buffer();
         payload.extend_from_slice(args);
-        match jobs.try_send(Job { task, payload }) {
-            Ok(()) => Ok(task),
-            Err(e) => {
-                let full = matches!(e, TrySendError::Full(_));
-                // Abandon, then complete: the record is freed at once.
-                self.tasks.release(task);
-                if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
-                    self.tasks.recycle(buf);
-                }
-                Err(if full {
-                    PushError::Full
-                } else {
-                    PushError::Other("thread pool is stopped".into())
-                })
+        if let Err(e) = jobs.send(Job { task, payload }) {
+            // Every thread is gone: abandon, then complete, which frees the
+            // record at once.
+            self.tasks.release(task);
+            if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
+                self.tasks.recycle(buf);
             }
+            return Err(PushError::Other("thread pool is stopped".into()));
         }
+        Ok(task)
     }
 
     /// Takes every completion posted so far (called on wake-up).
