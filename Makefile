@@ -40,6 +40,8 @@ run: build
 	@echo "  curl 'http://127.0.0.1:8080/upper?s=foo'      FOO, from a pool thread"
 	@echo "  curl 'http://127.0.0.1:8080/sort?n=200000'    a CPU-heavy sort, offloaded"
 	@echo "  curl 'http://127.0.0.1:8080/sort-inline?n=200000'  the same sort on the event loop"
+	@echo "  curl \"http://127.0.0.1:8080/waf/?q=1'%20OR%20'1'='1\"  403 from the WAF in a pool thread"
+	@echo "  curl \"http://127.0.0.1:8080/waf-inline/?q=hello\"    the WAF on the event loop"
 	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
 
 # The benchmark's own Debian packages (plots); make test does not need them.

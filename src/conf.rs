@@ -5,9 +5,12 @@
 //! thread_pool_init_by_lua_file  POOL path.lua;
 //! thread_pool_process_by_lua    POOL "code";   # the task handler
 //! thread_pool_process_by_lua_file POOL path.lua;
+//! thread_pool_init_by_lua_block    POOL { code }   # see conf_block.rs
+//! thread_pool_process_by_lua_block POOL { code }
 //! ```
 //! The pool itself is nginx's `thread_pool NAME threads=N [max_queue=M]`.
 
+use crate::conf_block;
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
@@ -35,6 +38,8 @@ pub const INIT: usize = 0;
 pub const PROCESS: usize = 1;
 /// Added to INIT/PROCESS: the argument is a file name.
 pub const FILE: usize = 2;
+/// Added to INIT/PROCESS: the code is the `{ ... }` block that follows.
+pub const BLOCK: usize = 4;
 
 impl MainConf {
     fn pool_mut(&mut self, cf: Conf, name: &[u8]) -> Result<&mut PoolConf, String> {
@@ -100,10 +105,19 @@ pub unsafe extern "C" fn set_chunk(
 
 fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String> {
     let args = cf.args();
-    let (directive, name, arg) = (args[0], args[1], args[2]);
-    let directive = String::from_utf8_lossy(directive).into_owned();
-    let chunk = if kind & FILE != 0 {
-        let path = cf.full_path(arg);
+    let (directive, name) = (String::from_utf8_lossy(args[0]).into_owned(), args[1]);
+    let short = directive
+        .trim_end_matches("_file")
+        .trim_end_matches("_block");
+    // The line of a block's `{`: its Lua line 1.
+    let block_start = (kind & BLOCK != 0).then(|| cf.line());
+    let chunk = if let Some(start) = block_start {
+        Chunk {
+            code: conf_block::read(cf)?,
+            name: format!("={short}({})", cf.position_at(start)),
+        }
+    } else if kind & FILE != 0 {
+        let path = cf.full_path(args[2]);
         let code =
             std::fs::read(&path).map_err(|e| format!("cannot read \"{}\": {e}", path.display()))?;
         Chunk {
@@ -111,13 +125,19 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String
             name: format!("@{}", path.display()),
         }
     } else {
-        let short = directive.trim_end_matches("_file");
         Chunk {
-            code: arg.to_vec(),
+            code: args[2].to_vec(),
             name: format!("={short}({})", cf.position()),
         }
     };
-    let style = chunk::check(&chunk).map_err(|e| format!("failed to compile: {e}"))?;
+    let style = chunk::check(&chunk).map_err(|e| {
+        // nginx names the file and the line of the error: for a block, the
+        // line of the Lua error itself.
+        if let (Some(start), Some(line)) = (block_start, conf_block::error_line(&chunk.name, &e)) {
+            cf.set_line(start + line - 1);
+        }
+        format!("failed to compile: {e}")
+    })?;
     let pool = main.pool_mut(cf, name)?;
     let slot_taken = if kind & PROCESS != 0 {
         pool.process.replace((chunk, style)).is_some()

@@ -8,6 +8,7 @@
 
 pub mod codec;
 pub mod conf;
+pub mod conf_block;
 pub mod ffi;
 pub mod ngx;
 pub mod notify;
@@ -15,15 +16,16 @@ pub mod pool;
 pub mod task;
 pub mod vm;
 
-use conf::{MainConf, FILE, INIT, PROCESS};
+use conf::{MainConf, BLOCK, FILE, INIT, PROCESS};
 use ngx::module::{command, module, NULL_COMMAND};
 use ngx::{ngx_string, sys};
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
+const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 5] = [
+static mut COMMANDS: [sys::ngx_command_t; 7] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -47,6 +49,18 @@ static mut COMMANDS: [sys::ngx_command_t; 5] = [
         TAKE2_MAIN,
         conf::set_chunk,
         PROCESS | FILE,
+    ),
+    command(
+        ngx_string(c"thread_pool_init_by_lua_block"),
+        BLOCK_MAIN,
+        conf::set_chunk,
+        INIT | BLOCK,
+    ),
+    command(
+        ngx_string(c"thread_pool_process_by_lua_block"),
+        BLOCK_MAIN,
+        conf::set_chunk,
+        PROCESS | BLOCK,
     ),
     NULL_COMMAND,
 ];

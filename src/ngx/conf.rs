@@ -34,6 +34,11 @@ impl Conf {
     /// "nginx.conf:12": the current file's base name and line, as
     /// lua-nginx-module names its inline chunks.
     pub fn position(&self) -> String {
+        self.position_at(self.line())
+    }
+
+    /// "nginx.conf:12" for `line` of the current file.
+    pub fn position_at(&self, line: usize) -> String {
         // SAFETY: conf_file is set while a file is being parsed.
         unsafe {
             let file = (*self.0).conf_file;
@@ -42,8 +47,30 @@ impl Conf {
             }
             let name = super::str_bytes(&(*file).file.name);
             let base = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
-            format!("{}:{}", String::from_utf8_lossy(base), (*file).line)
+            format!("{}:{line}", String::from_utf8_lossy(base))
         }
+    }
+
+    /// The line nginx's tokenizer is on in the current file (0 without one).
+    pub fn line(&self) -> usize {
+        // SAFETY: conf_file is set while a file is being parsed.
+        unsafe { (*self.0).conf_file.as_ref().map_or(0, |f| f.line) }
+    }
+
+    /// Moves nginx's line counter: past what a setter read itself, or to the
+    /// line an error should name.
+    pub fn set_line(&self, line: usize) {
+        // SAFETY: as in line().
+        if let Some(f) = unsafe { (*self.0).conf_file.as_mut() } {
+            f.line = line;
+        }
+    }
+
+    /// The rest of the current file, from where nginx's tokenizer stopped
+    /// (right after a block directive's `{`).
+    pub fn reader(&self) -> ConfReader {
+        // SAFETY: as in line().
+        ConfReader(unsafe { (*self.0).conf_file })
     }
 
     /// `path` made absolute against the server prefix (`-p`).
@@ -86,6 +113,63 @@ impl Conf {
                 msg.len(),
                 msg.as_ptr(),
             )
+        }
+    }
+}
+
+/// Reads a configuration file through nginx's own buffer, refilling it the
+/// way ngx_conf_read_token does, so that nginx's tokenizer carries on right
+/// after what was read.
+pub struct ConfReader(*mut sys::ngx_conf_file_t);
+
+impl crate::conf_block::Input for ConfReader {
+    fn fill(&mut self) -> Result<&[u8], String> {
+        if self.0.is_null() {
+            return Ok(&[]);
+        }
+        // SAFETY: during a setter conf_file, its buffer (NGX_CONF_BUFFER
+        // bytes from start to end, unread bytes from pos to last) and its
+        // open file are nginx's, and nothing else uses them until the setter
+        // returns. The dump buffer, if any, was sized for the whole file and
+        // gets each byte once, as nginx appends what it reads.
+        unsafe {
+            let f = &mut *self.0;
+            let b = &mut *f.buffer;
+            if b.pos >= b.last {
+                let left = f.file.info.st_size - f.file.offset;
+                if left <= 0 {
+                    return Ok(&[]);
+                }
+                let size = (left as usize).min(b.end.offset_from(b.start) as usize);
+                let n = sys::ngx_read_file(&mut f.file, b.start, size, f.file.offset);
+                if n < 0 {
+                    return Err("cannot read the configuration file".into());
+                }
+                if n as usize != size {
+                    return Err(format!("pread() returned only {n} bytes instead of {size}"));
+                }
+                b.pos = b.start;
+                b.last = b.start.add(size);
+                if let Some(dump) = f.dump.as_mut() {
+                    std::ptr::copy_nonoverlapping(b.start, dump.last, size);
+                    dump.last = dump.last.add(size);
+                }
+            }
+            Ok(std::slice::from_raw_parts(
+                b.pos,
+                b.last.offset_from(b.pos) as usize,
+            ))
+        }
+    }
+
+    fn consume(&mut self, n: usize) {
+        if self.0.is_null() {
+            return;
+        }
+        // SAFETY: n is at most what fill returned, so pos stays <= last.
+        unsafe {
+            let b = &mut *(*self.0).buffer;
+            b.pos = b.pos.add(n);
         }
     }
 }
