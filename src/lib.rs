@@ -136,6 +136,13 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         // SAFETY: init_process runs on the event loop before any request.
         let paths = unsafe { ngx::lua::package_paths(cycle) };
         let log = ngx::log::Log::cycle();
+        // SAFETY: as above; the lua module is loaded before this module.
+        let ngx_env = unsafe {
+            vm::NgxEnv {
+                lua_conf: ngx::lua_api::LuaConf::of(cycle),
+                worker: ngx::lua_api::WorkerInfo::current(),
+            }
+        };
         let specs = conf
             .pools
             .iter()
@@ -149,6 +156,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     package_path: paths.as_ref().map(|(path, _)| path.clone()),
                     package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                     log,
+                    ngx: ngx_env,
                 };
                 Some((spec, p.threads, p.max_queue))
             })

@@ -4,6 +4,8 @@
 pub mod chunk;
 mod ngx_api;
 
+pub use ngx_api::NgxEnv;
+
 use crate::codec;
 use crate::ngx::log::Log;
 use chunk::{error_text, Chunk, Style};
@@ -19,6 +21,7 @@ pub struct Spec {
     pub package_path: Option<Vec<u8>>,
     pub package_cpath: Option<Vec<u8>>,
     pub log: Option<Log>,
+    pub ngx: NgxEnv,
 }
 
 pub struct ThreadVm {
@@ -42,7 +45,7 @@ impl ThreadVm {
                     package.set(key, s).map_err(|e| error_text(&e))?;
                 }
             }
-            ngx_api::install(&lua, &spec.pool, spec.log).map_err(|e| error_text(&e))?;
+            ngx_api::install(&lua, &spec.pool, spec.log, &spec.ngx).map_err(|e| error_text(&e))?;
             if let Some(init) = &spec.init {
                 init.load(&lua)?
                     .call::<()>(())
