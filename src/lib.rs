@@ -150,6 +150,13 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         // SAFETY: init_process runs on the event loop before any request.
         let paths = unsafe { ngx::lua::package_paths(cycle) };
         let log = ngx::log::Log::cycle();
+        // SAFETY: as above; the lua module is loaded before this module.
+        let ngx_env = unsafe {
+            vm::NgxEnv {
+                lua_conf: ngx::lua_api::LuaConf::of(cycle),
+                worker: ngx::lua_api::WorkerInfo::current(),
+            }
+        };
         // One spec per configured pool, in order: a pool's index in the
         // configuration is its id in the shim (ffi.rs).
         let specs: Result<Vec<_>, String> = conf
@@ -165,6 +172,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     package_path: paths.as_ref().map(|(path, _)| path.clone()),
                     package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                     log,
+                    ngx: ngx_env,
                 };
                 Ok((spec, p.threads, p.max_queue))
             })

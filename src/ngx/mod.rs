@@ -8,6 +8,7 @@ pub mod conf;
 pub mod guard;
 pub mod log;
 pub mod lua;
+pub mod lua_api;
 pub mod module;
 pub mod pool;
 pub mod signals;

@@ -5,6 +5,8 @@ pub mod chunk;
 mod ngx_api;
 mod ngx_re;
 
+pub use ngx_api::NgxEnv;
+
 use crate::codec;
 use crate::ngx::log::Log;
 use chunk::{error_text, Chunk, Style};
@@ -20,6 +22,7 @@ pub struct Spec {
     pub package_path: Option<Vec<u8>>,
     pub package_cpath: Option<Vec<u8>>,
     pub log: Option<Log>,
+    pub ngx: NgxEnv,
 }
 
 pub struct ThreadVm {
@@ -43,7 +46,7 @@ impl ThreadVm {
                     package.set(key, s).map_err(|e| error_text(&e))?;
                 }
             }
-            ngx_api::install(&lua, &spec.pool, spec.log).map_err(|e| error_text(&e))?;
+            ngx_api::install(&lua, &spec.pool, spec.log, &spec.ngx).map_err(|e| error_text(&e))?;
             if let Some(init) = &spec.init {
                 init.load(&lua)?
                     .call::<()>(())

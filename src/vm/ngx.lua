@@ -1,95 +1,140 @@
--- The `ngx` table of a pool thread. Rust passes in its primitives; what can
--- be written in Lua is written here.
-local prim = ...
+-- ngx.log and print of a pool thread. The constants, ngx.null and the rest
+-- come from lua-nginx-module itself (ngx_api.rs); these two are ours so that
+-- a thread's log lines name its pool. They format their arguments as the lua
+-- module's log_wrapper (ngx_http_lua_log.c, 0.10.23) does, so the same call
+-- writes the same message in a thread and on the event loop.
+local ngx, prim = ...
 
+local ffi = require "ffi"
+
+local C = ffi.C
+local ffi_new = ffi.new
+local ffi_str = ffi.string
 local type = type
 local tostring = tostring
+local tonumber = tonumber
 local select = select
-local concat = table.concat
-local getinfo = debug.getinfo
-local getmetatable = getmetatable
+local rawget = rawget
 local error = error
+local concat = table.concat
+local floor = math.floor
+local ceil = math.ceil
+local format = string.format
+local match = string.match
+local getinfo = debug.getinfo
+local getfenv = debug.getfenv
+local getmetatable = debug.getmetatable
+
+ffi.cdef [[
+int snprintf(char *str, size_t size, const char *format, ...);
+]]
 
 local log_write = prim.log_write
-local null = prim.null
+local log_level = prim.log_level
 
-local ngx = {
-    null = null,
+local NOTICE = 6
+local num_buf = ffi_new("char[32]")
 
-    OK = 0, ERROR = -1, AGAIN = -2, DONE = -4, DECLINED = -5,
+-- A number as the lua module writes it: an int32 with %d, anything else
+-- with libc's %.14g, which keeps the sign of a NaN where tostring drops it.
+local function number_text(n)
+    if n == floor(n) and n >= -2147483648 and n <= 2147483647 then
+        return format("%d", n)
+    end
+    return ffi_str(num_buf, C.snprintf(num_buf, 32, "%.14g", n))
+end
 
-    STDERR = 0, EMERG = 1, ALERT = 2, CRIT = 3, ERR = 4, WARN = 5,
-    NOTICE = 6, INFO = 7, DEBUG = 8,
+-- The name the caller used for the function `level` frames up from here
+-- (as luaL_argerror names it); only looked up for errors.
+local function called_as(level)
+    return getinfo(level + 1, "n").name or "?"
+end
 
-    HTTP_GET = 2, HTTP_HEAD = 4, HTTP_POST = 8, HTTP_PUT = 16,
-    HTTP_DELETE = 32, HTTP_MKCOL = 64, HTTP_COPY = 128, HTTP_MOVE = 256,
-    HTTP_OPTIONS = 512, HTTP_PROPFIND = 1024, HTTP_PROPPATCH = 2048,
-    HTTP_LOCK = 4096, HTTP_UNLOCK = 8192, HTTP_PATCH = 16384,
-    HTTP_TRACE = 32768,
+-- Raised from piece(), under message() and ngx.log or print: level 5 is
+-- their caller.
+local function bad_arg(i, msg)
+    error("bad argument #" .. i .. " to '" .. called_as(4) .. "' (" .. msg
+          .. ")", 5)
+end
 
-    HTTP_CONTINUE = 100, HTTP_SWITCHING_PROTOCOLS = 101, HTTP_OK = 200,
-    HTTP_CREATED = 201, HTTP_ACCEPTED = 202, HTTP_NO_CONTENT = 204,
-    HTTP_PARTIAL_CONTENT = 206, HTTP_SPECIAL_RESPONSE = 300,
-    HTTP_MOVED_PERMANENTLY = 301, HTTP_MOVED_TEMPORARILY = 302,
-    HTTP_SEE_OTHER = 303, HTTP_NOT_MODIFIED = 304,
-    HTTP_TEMPORARY_REDIRECT = 307, HTTP_PERMANENT_REDIRECT = 308,
-    HTTP_BAD_REQUEST = 400, HTTP_UNAUTHORIZED = 401,
-    HTTP_PAYMENT_REQUIRED = 402, HTTP_FORBIDDEN = 403, HTTP_NOT_FOUND = 404,
-    HTTP_NOT_ALLOWED = 405, HTTP_NOT_ACCEPTABLE = 406,
-    HTTP_REQUEST_TIMEOUT = 408, HTTP_CONFLICT = 409, HTTP_GONE = 410,
-    HTTP_UPGRADE_REQUIRED = 426, HTTP_TOO_MANY_REQUESTS = 429,
-    HTTP_CLOSE = 444, HTTP_ILLEGAL = 451,
-    HTTP_INTERNAL_SERVER_ERROR = 500, HTTP_METHOD_NOT_IMPLEMENTED = 501,
-    HTTP_BAD_GATEWAY = 502, HTTP_SERVICE_UNAVAILABLE = 503,
-    HTTP_GATEWAY_TIMEOUT = 504, HTTP_VERSION_NOT_SUPPORTED = 505,
-    HTTP_INSUFFICIENT_STORAGE = 507,
-}
+-- luaL_checkint on x86-64: the number truncated to 64 bits (NaN and out of
+-- range give the "indefinite" integer, whose low half is 0), then its low
+-- 32 bits.
+local function checkint(n)
+    if not (n > -2^63 and n < 2^63) then
+        return 0
+    end
+    n = (n >= 0 and floor(n) or ceil(n)) % 2^32
+    return n >= 2^31 and n - 2^32 or n
+end
 
--- One argument of ngx.log/print as lua-nginx-module formats it.
-local function log_piece(v, i, fname)
+-- One argument of the message; errors name it as luaL_argerror would.
+local function piece(v, i)
     local t = type(v)
     if t == "string" then
         return v
     elseif t == "number" then
-        return tostring(v)
+        return number_text(v)
     elseif t == "nil" then
         return "nil"
     elseif t == "boolean" then
         return v and "true" or "false"
-    elseif v == null then
-        return "null"
     elseif t == "table" then
         local mt = getmetatable(v)
-        if mt and mt.__tostring then
-            return tostring(v)
+        local f = mt and rawget(mt, "__tostring")
+        if not f then
+            bad_arg(i, "expected table to have __tostring metamethod")
         end
-        error("bad argument #" .. i .. " to '" .. fname
-              .. "' (expected table to have __tostring metamethod)", 3)
+        return tostring(f(v))
+    elseif t == "userdata" and getfenv(v) == nil then
+        -- a light userdata (only full userdata have an environment): the
+        -- lua module writes "null" for all of them
+        return "null"
     end
-    error("bad argument #" .. i .. " to '" .. fname
-          .. "' (expected string, number, boolean, or nil)", 3)
+    bad_arg(i, "string, number, boolean, or nil expected, got " .. t)
 end
 
-local function emit(level, first, fname, ...)
+-- The message of a call whose caller is `info`: "file:line: name(): " and
+-- the arguments; raises for a bad argument.
+local function message(info, ...)
     local n = select("#", ...)
-    local parts = {}
-    for i = 1, n do
-        parts[i] = log_piece((select(i, ...)), i + first, fname)
+    local parts = { match(info.short_src, "[^/\\]*$"), ":",
+                    info.currentline > 0 and info.currentline
+                    or info.linedefined, ": " }
+    if info.namewhat ~= "" and info.what == "Lua" then
+        parts[5] = info.name
+        parts[6] = "(): "
     end
-    local info = getinfo(3, "Sl")
-    local where = info and (info.short_src .. ":" .. (info.currentline or 0) .. ": ") or ""
-    log_write(level, where, concat(parts))
+    local base = #parts
+    for i = 1, n do
+        parts[base + i] = piece((select(i, ...)), i)
+    end
+    return concat(parts)
 end
 
-function ngx.log(level, ...)
-    if type(level) ~= "number" or level < 0 or level > 8 then
-        error("bad argument #1 to 'log' (bad log level)", 2)
+function ngx.log(...)
+    local level = tonumber((...))
+    if level == nil then
+        local t = select("#", ...) == 0 and "no value" or type((...))
+        error("bad argument #1 to '" .. called_as(1)
+              .. "' (number expected, got " .. t .. ")", 2)
     end
-    emit(level, 1, "log", ...)
+    level = checkint(level)
+    if level < 0 or level > 8 then
+        error("bad argument #1 to '" .. called_as(1) .. "' (bad log level: "
+              .. level .. ")", 2)
+    end
+    if level > log_level then
+        return
+    end
+    log_write(level, message(getinfo(2, "Sln"), select(2, ...)))
 end
 
 local function print(...)
-    emit(6, 0, "print", ...)
+    if NOTICE > log_level then
+        return
+    end
+    log_write(NOTICE, message(getinfo(2, "Sln"), ...))
 end
 
-return ngx, print
+return print

@@ -1,38 +1,67 @@
-//! Installs the thread's `ngx` table: Rust primitives, the rest in ngx.lua.
+//! Installs the thread's `ngx` table: what lua-nginx-module injects itself
+//! (ngx::lua_api), ngx.log and print (ngx.lua), the request-free API over the
+//! lua module's FFI functions (ngx_thread_api.lua) and errors for the rest
+//! (ngx_unavailable.lua).
 
-use crate::ngx::log::Log;
-use mlua::{Lua, Table, Value};
+use crate::ngx::log::{Log, NGX_LOG_DEBUG};
+use crate::ngx::lua_api::{self, LuaConf, WorkerInfo};
+use mlua::{Lua, Value};
+
+/// What a thread's `ngx` needs from the event loop, taken at init_process.
+#[derive(Clone, Copy)]
+pub struct NgxEnv {
+    /// For ngx.shared; None when the lua module has no main conf.
+    pub lua_conf: Option<LuaConf>,
+    /// For ngx.worker.
+    pub worker: WorkerInfo,
+}
 
 /// Sets the globals `ngx` and `print` in `lua`. Log lines go to `log` with
 /// the pool's name, or to stderr when there is none (unit tests).
-pub fn install(lua: &Lua, pool: &str, log: Option<Log>) -> mlua::Result<()> {
+pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::Result<()> {
+    let ngx = lua.create_table()?;
+    lua_api::inject(lua, &ngx, env.lua_conf)?;
+
     let prim = lua.create_table()?;
     let suffix = format!(", thread pool: {pool}");
     prim.set(
         "log_write",
-        lua.create_function(
-            move |_, (level, place, msg): (u32, mlua::LuaString, mlua::LuaString)| {
-                let mut line = Vec::with_capacity(
-                    6 + place.as_bytes().len() + msg.as_bytes().len() + suffix.len(),
-                );
-                line.extend_from_slice(b"[lua] ");
-                line.extend_from_slice(&place.as_bytes());
-                line.extend_from_slice(&msg.as_bytes());
-                line.extend_from_slice(suffix.as_bytes());
-                match log {
-                    Some(log) => log.write(level, &line),
-                    None => eprintln!("{}", String::from_utf8_lossy(&line)),
-                }
-                Ok(())
-            },
-        )?,
+        lua.create_function(move |_, (level, msg): (u32, mlua::LuaString)| {
+            let mut line = Vec::with_capacity(6 + msg.as_bytes().len() + suffix.len());
+            line.extend_from_slice(b"[lua] ");
+            line.extend_from_slice(&msg.as_bytes());
+            line.extend_from_slice(suffix.as_bytes());
+            match log {
+                Some(log) => log.write(level, &line),
+                None => eprintln!("{}", String::from_utf8_lossy(&line)),
+            }
+            Ok(())
+        })?,
     )?;
-    prim.set("null", Value::NULL)?;
-    let (ngx, print): (Table, Value) = lua
+    // The most verbose level the log writes: ngx.log checks its arguments
+    // only for messages that pass, as the lua module does.
+    let log_level = log.map_or(NGX_LOG_DEBUG, |log| {
+        (0..=NGX_LOG_DEBUG)
+            .rev()
+            .find(|&level| log.enabled(level))
+            .unwrap_or(0)
+    });
+    prim.set("log_level", log_level)?;
+    prim.set("worker_pid", env.worker.pid)?;
+    prim.set("worker_id", env.worker.id)?;
+    prim.set("worker_count", env.worker.count)?;
+
+    let print: Value = lua
         .load(include_str!("ngx.lua"))
         .set_name("=ngx_threadpool.ngx")
-        .call(prim)?;
+        .call((&ngx, &prim))?;
+    lua.load(include_str!("ngx_thread_api.lua"))
+        .set_name("=ngx_threadpool.api")
+        .call::<()>((&ngx, &prim))?;
     super::ngx_re::install(lua, &ngx)?;
+    lua.load(include_str!("ngx_unavailable.lua"))
+        .set_name("=ngx_threadpool.unavailable")
+        .call::<()>(&ngx)?;
     lua.globals().set("ngx", ngx)?;
     lua.globals().set("print", print)?;
     Ok(())

@@ -1,0 +1,117 @@
+//! The request-free part of lua-nginx-module's API, for the `ngx` table of
+//! pool threads: what the lua module builds with its own C code (constants,
+//! ngx.config, the string functions written against the Lua C API,
+//! ngx.shared with its list methods), and the worker's identity as the event
+//! loop sees it. vm/ngx_thread_api.lua adds what lua-resty-core builds over
+//! the lua module's FFI functions.
+//!
+//! The inject functions are the ones lua-nginx-module itself runs on the
+//! Lua states of its own worker threads (ngx.run_worker_thread, see
+//! ngx_http_lua_worker_thread.c). What they put in a thread, checked
+//! against the 0.10.23 sources:
+//! - constants and ngx.config: plain values; `prefix()` reads
+//!   `ngx_cycle->prefix`, which a worker never changes.
+//! - encode_args, decode_args, quote_sql_str: without a request they build
+//!   their output in Lua userdata of the calling state (no pool, no static
+//!   buffer); hmac_sha1 calls OpenSSL's HMAC() with an output buffer on the
+//!   stack (its static buffer is only used for a NULL output).
+//! - ngx.shared: the zones list is configuration data, read once here. The
+//!   list methods (lpush ... get_keys) take the zone's shm mutex like every
+//!   shared dict call; see ngx_thread_api.lua for why that mutex holds
+//!   between threads of one process.
+
+use super::{conf, sys};
+use mlua::{ffi as lua, Lua, Table};
+use std::ffi::{c_int, c_void};
+use std::ptr::NonNull;
+
+unsafe extern "C" {
+    static mut ngx_http_lua_module: sys::ngx_module_t;
+    fn ngx_http_lua_inject_core_consts(l: *mut lua::lua_State);
+    fn ngx_http_lua_inject_http_consts(l: *mut lua::lua_State);
+    fn ngx_http_lua_inject_log_api(l: *mut lua::lua_State);
+    fn ngx_http_lua_inject_string_api(l: *mut lua::lua_State);
+    fn ngx_http_lua_inject_config_api(l: *mut lua::lua_State);
+    fn ngx_http_lua_inject_shdict_api(lmcf: *mut c_void, l: *mut lua::lua_State);
+    fn ngx_http_lua_ffi_worker_pid() -> c_int;
+    fn ngx_http_lua_ffi_worker_id() -> c_int;
+    fn ngx_http_lua_ffi_worker_count() -> c_int;
+}
+
+/// lua-nginx-module's main conf (`ngx_http_lua_main_conf_t`) of the
+/// worker's cycle, kept opaque: only the lua module reads it.
+#[derive(Clone, Copy)]
+pub struct LuaConf(NonNull<c_void>);
+
+// SAFETY: the conf lives in the cycle's pool, which outlives the pool
+// threads (they are joined at exit_process); the inject functions only read
+// its shared dict list, which is written while the configuration is parsed.
+unsafe impl Send for LuaConf {}
+// SAFETY: as above, it is only read.
+unsafe impl Sync for LuaConf {}
+
+impl LuaConf {
+    /// The lua module's main conf in `cycle`; None without an http block.
+    ///
+    /// # Safety
+    /// `cycle` must be a live, configured cycle; the lua module is linked.
+    pub unsafe fn of(cycle: *mut sys::ngx_cycle_t) -> Option<LuaConf> {
+        // SAFETY: forwarded from the caller.
+        NonNull::new(unsafe { conf::http_main_conf(cycle, &raw const ngx_http_lua_module) })
+            .map(LuaConf)
+    }
+}
+
+/// The worker as `ngx.worker.pid()`, `id()` and `count()` report it on the
+/// event loop.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerInfo {
+    pub pid: i32,
+    /// None outside worker processes, where ngx.worker.id() is nil.
+    pub id: Option<i32>,
+    pub count: i32,
+}
+
+impl WorkerInfo {
+    /// Asks the lua module's FFI functions, as lua-resty-core does.
+    ///
+    /// # Safety
+    /// Event-loop thread of a process whose cycle is set up (init_process).
+    pub unsafe fn current() -> WorkerInfo {
+        // SAFETY: the three read ngx_pid, ngx_worker, ngx_process and the
+        // core conf of ngx_cycle, all set before init_process.
+        unsafe {
+            let id = ngx_http_lua_ffi_worker_id();
+            WorkerInfo {
+                pid: ngx_http_lua_ffi_worker_pid(),
+                id: (id >= 0).then_some(id),
+                count: ngx_http_lua_ffi_worker_count(),
+            }
+        }
+    }
+}
+
+/// Fills `ngx` (a fresh table of `lua`) with what the lua module injects
+/// itself: core, HTTP and log-level constants, ngx.null, ngx.config, the
+/// Lua C API string functions and, given `conf`, ngx.shared. It also sets
+/// ngx.log and the global print to the lua module's; the caller replaces
+/// both (a thread's log lines name the pool).
+pub fn inject(lua: &Lua, ngx: &Table, conf: Option<LuaConf>) -> mlua::Result<()> {
+    // SAFETY: exec_raw runs the closure protected, with `ngx` alone on the
+    // stack; each inject function pushes a value, sets it as a field of the
+    // table below it and so leaves the stack as it found it. They touch no
+    // request and no event-loop state (see the module comment), which is
+    // why the lua module runs them in its own worker threads too.
+    unsafe {
+        lua.exec_raw::<()>(ngx, |l| {
+            ngx_http_lua_inject_core_consts(l);
+            ngx_http_lua_inject_http_consts(l);
+            ngx_http_lua_inject_log_api(l);
+            ngx_http_lua_inject_string_api(l);
+            ngx_http_lua_inject_config_api(l);
+            if let Some(conf) = conf {
+                ngx_http_lua_inject_shdict_api(conf.0.as_ptr(), l);
+            }
+        })
+    }
+}
