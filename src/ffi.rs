@@ -10,12 +10,13 @@ use crate::task::{RequestTasks, TaskId};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 1;
+pub const API_VERSION: c_int = 2;
 
 pub const OK: c_int = 0;
 pub const ERROR: c_int = -1;
 pub const AGAIN: c_int = -2;
 pub const DECLINED: c_int = -5;
+pub const BAD_CONTEXT: c_int = -101;
 
 /// Writes `msg` into the caller's error buffer (truncating).
 ///
@@ -56,8 +57,11 @@ pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> 
     })
 }
 
-/// Queues a task with the encoded arguments `data` for the request `r`.
-/// OK with `*task` set, DECLINED when the queue is full, ERROR otherwise.
+/// Queues a task with the encoded arguments `data` for the request `r` and
+/// makes the current coroutine wait for it: AGAIN with `*task` set (the
+/// caller must yield; it is resumed with `true` or `false, "timeout"`),
+/// DECLINED when the queue is full, BAD_CONTEXT when the running handler
+/// may not yield (nothing queued), ERROR with a message.
 ///
 /// # Safety
 /// `r` must be the request of the running Lua handler, `data` `len`
@@ -68,6 +72,7 @@ pub unsafe extern "C" fn ngx_threadpool_push(
     pool: c_int,
     data: *const u8,
     len: usize,
+    timeout_ms: c_int,
     task: *mut TaskId,
     err: *mut u8,
     errlen: *mut usize,
@@ -78,60 +83,49 @@ pub unsafe extern "C" fn ngx_threadpool_push(
             return unsafe { set_err(err, errlen, "no request") };
         }
         // SAFETY: r is the live request of the running handler.
+        if !unsafe { crate::ngx::lua::may_yield(r) } {
+            return BAD_CONTEXT;
+        }
+        // SAFETY: as above.
         let Some(owner) = (unsafe { request_tasks(r) }) else {
             // SAFETY: forwarded from the caller.
             return unsafe { set_err(err, errlen, "no memory") };
         };
         // SAFETY: the caller vouches for data/len.
         let args = unsafe { std::slice::from_raw_parts(data, len) };
-        // SAFETY: owner lives in r->pool and unlinks its records when that
-        // pool is destroyed.
-        let pushed = with_worker(|w| unsafe { w.push(pool as usize, owner, args) });
-        match pushed {
-            Some(Ok(id)) => {
-                // SAFETY: checked non-null above.
-                unsafe { *task = id };
-                OK
+        let rc = with_worker(|w| {
+            // SAFETY: owner lives in r->pool and unlinks its records when
+            // that pool is destroyed.
+            let id = match unsafe { w.push(pool as usize, owner, args) } {
+                Ok(id) => id,
+                Err(PushError::Full) => return DECLINED,
+                // SAFETY: forwarded from the caller.
+                Err(PushError::Other(msg)) => return unsafe { set_err(err, errlen, &msg) },
+            };
+            // SAFETY: checked non-null above.
+            unsafe { *task = id };
+            // SAFETY: r is the running handler's request; the semaphore
+            // belongs to the task record, which outlives the wait.
+            let rc = match w.tasks.sema(id) {
+                Some(sema) => unsafe { sema.wait(r, timeout_ms.max(1), err, errlen) },
+                // SAFETY: forwarded from the caller.
+                None => unsafe { set_err(err, errlen, "task has no semaphore") },
+            };
+            if rc == ERROR {
+                // Not waiting after all: the task runs for no one.
+                w.tasks.release(id);
             }
-            Some(Err(PushError::Full)) => DECLINED,
-            // SAFETY: forwarded from the caller.
-            Some(Err(PushError::Other(msg))) => unsafe { set_err(err, errlen, &msg) },
-            // SAFETY: forwarded from the caller.
-            None => unsafe { set_err(err, errlen, "not in a worker process") },
-        }
-    })
-}
-
-/// Waits for `task` in the current coroutine of `r`: OK when the result is
-/// already there, AGAIN when the caller must yield (it is resumed with
-/// `true` or `false, "timeout"`), ERROR with a message.
-///
-/// # Safety
-/// As for push.
-#[no_mangle]
-pub unsafe extern "C" fn ngx_threadpool_wait(
-    r: *mut sys::ngx_http_request_t,
-    task: TaskId,
-    timeout_ms: c_int,
-    err: *mut u8,
-    errlen: *mut usize,
-) -> c_int {
-    no_unwind("wait", ERROR, || {
-        let rc = with_worker(|w| match w.tasks.sema(task) {
-            // SAFETY: forwarded from the caller; the semaphore belongs to
-            // the task record, which outlives the wait.
-            Some(sema) => unsafe { sema.wait(r, timeout_ms.max(1), err, errlen) },
-            // SAFETY: forwarded from the caller.
-            None => unsafe { set_err(err, errlen, "bad task") },
+            rc
         });
         // SAFETY: forwarded from the caller.
         rc.unwrap_or_else(|| unsafe { set_err(err, errlen, "not in a worker process") })
     })
 }
 
-/// The result of a finished task: OK (values) or DECLINED (the handler
-/// failed; the payload holds the error value), with `*data`/`*len` pointing
-/// at the payload until the task is released. ERROR if not finished.
+/// The result of a finished task, and the task's end: OK (values) or
+/// DECLINED (the handler failed; the payload holds its error value), with
+/// `*data`/`*len` pointing at the payload until the next call into the
+/// module (the shim decodes it at once). ERROR if the task is not finished.
 ///
 /// # Safety
 /// `data` and `len` must be writable.
@@ -142,28 +136,30 @@ pub unsafe extern "C" fn ngx_threadpool_result(
     len: *mut usize,
 ) -> c_int {
     no_unwind("result", ERROR, || {
-        with_worker(|w| match w.tasks.result(task) {
-            Some((payload, failed)) => {
-                // SAFETY: the caller vouches for data/len; the payload stays
-                // put until release.
-                unsafe {
-                    *data = payload.as_ptr();
-                    *len = payload.len();
-                }
-                if failed {
-                    DECLINED
-                } else {
-                    OK
-                }
+        with_worker(|w| {
+            let Some((payload, failed)) = w.tasks.take_result(task) else {
+                return ERROR;
+            };
+            let old = std::mem::replace(&mut w.last_result, payload);
+            w.tasks.recycle(old);
+            // SAFETY: the caller vouches for data/len; last_result stays
+            // put until the next result.
+            unsafe {
+                *data = w.last_result.as_ptr();
+                *len = w.last_result.len();
             }
-            None => ERROR,
+            if failed {
+                DECLINED
+            } else {
+                OK
+            }
         })
         .unwrap_or(ERROR)
     })
 }
 
-/// Lets go of a task: frees a finished one; a running one is abandoned and
-/// its late result dropped.
+/// Lets go of a task whose caller stopped waiting (timeout): a running one
+/// is abandoned and its late result dropped; a finished one is freed.
 #[no_mangle]
 pub extern "C" fn ngx_threadpool_release(task: TaskId) {
     no_unwind("release", (), || {

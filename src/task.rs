@@ -153,16 +153,17 @@ impl Tasks {
         self.slot(id).and_then(|s| s.sema.as_ref())
     }
 
-    /// The result of a Done task, and whether the handler failed. Reading it
-    /// means the caller's wait consumed the post.
-    pub fn result(&mut self, id: TaskId) -> Option<(&[u8], bool)> {
+    /// Takes the result of a Done task, and whether the handler failed, and
+    /// frees the record. Taking it means the caller's wait consumed the post.
+    pub fn take_result(&mut self, id: TaskId) -> Option<(Vec<u8>, bool)> {
         let (gen, index) = split(id);
         let slot = self.slots.get_mut(index as usize)?;
         if slot.gen != gen || slot.state != State::Done {
             return None;
         }
         slot.sema_posted = false;
-        Some((&slot.result, slot.failed))
+        let failed = slot.failed;
+        Some((self.release_index(index), failed))
     }
 
     /// A completion from a pool thread. Returns the payload buffer when no

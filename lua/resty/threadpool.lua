@@ -33,20 +33,19 @@ ffi.cdef [[
 int ngx_threadpool_api_version(void);
 int ngx_threadpool_pool_id(const unsigned char *name, size_t len);
 int ngx_threadpool_push(ngx_http_request_t *r, int pool,
-    const unsigned char *data, size_t len, uint64_t *task,
+    const unsigned char *data, size_t len, int timeout_ms, uint64_t *task,
     unsigned char *err, size_t *errlen);
-int ngx_threadpool_wait(ngx_http_request_t *r, uint64_t task,
-    int timeout_ms, unsigned char *err, size_t *errlen);
 int ngx_threadpool_result(uint64_t task, const unsigned char **data,
     size_t *len);
 void ngx_threadpool_release(uint64_t task);
 ]]
 
-local API_VERSION = 1
+local API_VERSION = 2
 local FFI_OK = 0
 local FFI_ERROR = -1
 local FFI_AGAIN = -2
 local FFI_DECLINED = -5
+local FFI_BAD_CONTEXT = -101
 
 local DEFAULT_TIMEOUT = 60      -- seconds
 local MAX_TIMEOUT_MS = 2147483647
@@ -63,10 +62,6 @@ do
               .. ", this library needs " .. API_VERSION, 2)
     end
 end
-
--- Phases whose coroutines may yield (ngx.thread light threads run in their
--- parent's phase).
-local yieldable = { rewrite = true, access = true, content = true, timer = true }
 
 -- Shared by all calls: each is only used between two yields.
 local args_buf = buffer.new()
@@ -90,8 +85,7 @@ local function timeout_ms(seconds)
     return ms
 end
 
-local function finish(task, rc, ok, ...)
-    C.ngx_threadpool_release(task)
+local function results(rc, ok, ...)
     if not ok or rc == FFI_DECLINED then
         -- a malformed payload (nil, err) or the handler's error (true, err)
         return nil, (...)
@@ -99,14 +93,17 @@ local function finish(task, rc, ok, ...)
     return ...
 end
 
+local function bad_context()
+    error("push_task: API disabled in the context of " .. get_phase()
+          .. " (use it in rewrite, access, content or timer, "
+          .. "or an ngx.thread of those)", 3)
+end
+
 local function push(pool, ms, ...)
-    local phase = get_phase()
-    if not yieldable[phase] then
-        error("push_task: API disabled in the context of " .. phase
-              .. " (use it in rewrite, access, content or timer, "
-              .. "or an ngx.thread of those)", 3)
-    end
     local r = get_request()
+    if not r then
+        bad_context()
+    end
 
     args_buf:reset()
     local ok, err = encode(args_buf, "argument", select("#", ...), ...)
@@ -116,36 +113,32 @@ local function push(pool, ms, ...)
     local p, len = args_buf:ref()
 
     err_len[0] = ERR_BUF_SIZE
-    local rc = C.ngx_threadpool_push(r, pool.id, p, len, task_out, err_buf,
-                                     err_len)
+    local rc = C.ngx_threadpool_push(r, pool.id, p, len, ms, task_out,
+                                     err_buf, err_len)
+    if rc == FFI_AGAIN or rc == FFI_OK then
+        local task = tonumber(task_out[0])
+        if rc == FFI_AGAIN then
+            local woke, werr = co_yield()
+            if not woke then
+                -- timeout: the late result is dropped when it arrives
+                C.ngx_threadpool_release(task)
+                return nil, werr
+            end
+        end
+        -- the result stays valid until the next call into the module
+        rc = C.ngx_threadpool_result(task, data_out, len_out)
+        if rc == FFI_ERROR then
+            return nil, "no result"
+        end
+        return results(rc, decode_results(data_out[0], tonumber(len_out[0])))
+    end
     if rc == FFI_DECLINED then
         return nil, "queue full"
     end
-    if rc ~= FFI_OK then
-        return nil, ffi_str(err_buf, err_len[0])
+    if rc == FFI_BAD_CONTEXT then
+        bad_context()
     end
-    local task = tonumber(task_out[0])
-
-    err_len[0] = ERR_BUF_SIZE
-    rc = C.ngx_threadpool_wait(r, task, ms, err_buf, err_len)
-    if rc == FFI_AGAIN then
-        local woke, werr = co_yield()
-        if not woke then
-            -- timeout: the late result is dropped when it arrives
-            C.ngx_threadpool_release(task)
-            return nil, werr
-        end
-    elseif rc ~= FFI_OK then
-        C.ngx_threadpool_release(task)
-        return nil, ffi_str(err_buf, err_len[0])
-    end
-
-    rc = C.ngx_threadpool_result(task, data_out, len_out)
-    if rc == FFI_ERROR then
-        C.ngx_threadpool_release(task)
-        return nil, "no result"
-    end
-    return finish(task, rc, decode_results(data_out[0], tonumber(len_out[0])))
+    return nil, ffi_str(err_buf, err_len[0])
 end
 
 local Pool = {}

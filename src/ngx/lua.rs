@@ -28,6 +28,26 @@ unsafe extern "C" {
         errlen: *mut usize,
     ) -> c_int;
     fn ngx_http_lua_ffi_sema_gc(sem: *mut RawSema);
+    fn ngx_http_lua_ffi_get_phase(
+        r: *mut sys::ngx_http_request_t,
+        err: *mut *const c_char,
+    ) -> c_int;
+}
+
+/// lua-nginx-module's contexts (NGX_HTTP_LUA_CONTEXT_*) whose coroutines
+/// may wait here: rewrite, access, content and timer.
+const YIELDABLE: c_int = 0x0002 | 0x0004 | 0x0008 | 0x0080;
+
+/// Whether the Lua handler running for `r` may wait on a semaphore here
+/// (ngx.thread light threads share their request's context).
+///
+/// # Safety
+/// `r` must be the request of the running Lua handler.
+pub unsafe fn may_yield(r: *mut sys::ngx_http_request_t) -> bool {
+    let mut err = ptr::null();
+    // SAFETY: get_phase reads the lua module's request ctx of r.
+    let context = unsafe { ngx_http_lua_ffi_get_phase(r, &mut err) };
+    context > 0 && context & YIELDABLE != 0
 }
 
 /// A lua-nginx-module semaphore owned by this module, not by the Lua GC:

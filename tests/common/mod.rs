@@ -127,7 +127,7 @@ impl Nginx {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && self.workers().len() > 0 {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && !self.workers().is_empty() {
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
