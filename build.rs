@@ -25,7 +25,7 @@ fn main() {
     let mut builder = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_item("ngx_.*|NGX_.*|nginx_version|NGINX_.*")
-        .allowlist_function("sigfillset|sigdelset|pthread_sigmask")
+        .allowlist_function("sigfillset|sigdelset|pthread_sigmask|setpriority|getpriority|gettid")
         .allowlist_var("SIGILL|SIGFPE|SIGSEGV|SIGBUS|SIG_BLOCK")
         .layout_tests(false)
         .derive_default(true)

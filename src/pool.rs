@@ -197,7 +197,8 @@ fn thread_main(
     done: Sender<Completion>,
     stopping: Arc<AtomicBool>,
 ) {
-    crate::ngx::signals::block_async_signals();
+    crate::ngx::os::block_async_signals();
+    crate::ngx::os::lower_priority(PRIORITY_DROP);
     let log = spec.log;
     let report = |level, msg: &str| match log {
         Some(l) => l.write(level, msg.as_bytes()),
@@ -234,6 +235,12 @@ fn thread_main(
         notify::wake();
     }
 }
+
+/// How much lower than the event loop pool threads run (nice). On a loaded
+/// machine the event loop then gets the CPU first when it has work: a
+/// static request waits less behind CPU-heavy tasks, which still get the
+/// rest of the CPU.
+const PRIORITY_DROP: i32 = 5;
 
 /// How long a thread that ran out of jobs polls before it parks. When tasks
 /// come back to back (one caller pushing in a loop), the next one arrives

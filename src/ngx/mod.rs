@@ -10,8 +10,8 @@ pub mod log;
 pub mod lua;
 pub mod lua_api;
 pub mod module;
+pub mod os;
 pub mod pool;
-pub mod signals;
 pub mod thread_pool;
 
 pub use bindings as sys;

@@ -1,4 +1,4 @@
-//! Signal masks for threads the module starts.
+//! Operating-system set-up of the threads the module starts.
 
 use super::sys;
 
@@ -15,5 +15,17 @@ pub fn block_async_signals() {
             sys::sigdelset(&mut set, sig as i32);
         }
         sys::pthread_sigmask(sys::SIG_BLOCK as i32, &set, std::ptr::null_mut());
+    }
+}
+
+/// Raises the calling thread's nice value by `by` (Linux schedules threads
+/// individually, so this leaves the event loop's priority alone).
+pub fn lower_priority(by: i32) {
+    // SAFETY: get/setpriority on the calling thread's own id; failure only
+    // leaves the priority as it was.
+    unsafe {
+        let tid = sys::gettid() as sys::id_t;
+        let now = sys::getpriority(sys::__priority_which_PRIO_PROCESS, tid);
+        sys::setpriority(sys::__priority_which_PRIO_PROCESS, tid, now + by);
     }
 }
