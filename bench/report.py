@@ -273,6 +273,10 @@ def md_hol(res, targets):
                 if not a:
                     row += ["–"] * 4
                     continue
+                if not a["requests"]:
+                    # Blocked for the whole window: no latency to report.
+                    row += ["none done", f"> {plan['hol_secs'] * 1000:,} ", "–", "∞"]
+                    continue
                 row += [f_num(a["p50"]), f_num(a["p99"]), f_num(a["max"]),
                         f_ratio(ratio(a["p99"], base[t] and base[t]["p99"]))]
             heavy = wrk_agg(runs.get(f"{w}|{v}|static|heavy", [])
