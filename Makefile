@@ -7,7 +7,7 @@ DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson l
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
 
-.PHONY: deps build test lint run bench bench-deps clean
+.PHONY: deps build test lint run bench bench-deps valgrind clean
 
 # Installs the Debian packages that are missing (apt-get update only then).
 deps:
@@ -53,6 +53,13 @@ bench-deps:
 # run. System python3, for Debian's matplotlib.
 bench: build bench-deps
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
+
+# Requests ending under their tasks (tests/lifetime.rs, scenarios a-d) in one
+# nginx process under valgrind's memcheck; fails on any memory error or
+# definite leak not in tests/valgrind.supp. ~1 minute; not part of make test.
+valgrind: build
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES=valgrind
+	cargo test --release --test lifetime -- --ignored --nocapture abort_scenarios_under_valgrind
 
 clean:
 	cargo clean

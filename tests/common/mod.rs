@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -85,6 +85,8 @@ pub struct Nginx {
     pub dir: PathBuf,
     pub port: u16,
     child: Option<Child>,
+    /// How the master (or single process) exited, once it has.
+    pub status: Option<ExitStatus>,
 }
 
 impl Nginx {
@@ -105,7 +107,44 @@ impl Nginx {
             config(port, workers, main, http),
         )
         .unwrap();
-        let child = Command::new(NGINX)
+        Nginx::spawn(dir, port, Vec::new(), Duration::from_secs(10), true)
+    }
+
+    /// nginx as a single process (`master_process off`: it serves and runs
+    /// the pools itself), started through `wrapper`, which gets the prefix
+    /// directory and returns a command and its arguments to put before
+    /// nginx's (e.g. valgrind and its options). Waits up to `ready` for it
+    /// to listen.
+    pub fn start_single(
+        wrapper: impl FnOnce(&Path) -> Vec<String>,
+        ready: Duration,
+        main: &str,
+        http: &str,
+    ) -> Nginx {
+        let dir = prefix("single");
+        let port = free_port();
+        let conf = config(port, 1, main, http).replace("master_process on;", "master_process off;");
+        std::fs::write(dir.join("conf/nginx.conf"), conf).unwrap();
+        let wrapper = wrapper(&dir);
+        Nginx::spawn(dir, port, wrapper, ready, false)
+    }
+
+    fn spawn(
+        dir: PathBuf,
+        port: u16,
+        wrapper: Vec<String>,
+        ready: Duration,
+        has_workers: bool,
+    ) -> Nginx {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(NGINX);
+                cmd
+            }
+            None => Command::new(NGINX),
+        };
+        let child = cmd
             .arg("-p")
             .arg(&dir)
             .arg("-c")
@@ -119,15 +158,18 @@ impl Nginx {
             dir,
             port,
             child: Some(child),
+            status: None,
         };
-        n.wait_ready();
+        n.wait_ready(ready, has_workers);
         n
     }
 
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+    fn wait_ready(&mut self, limit: Duration, has_workers: bool) {
+        let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && !self.workers().is_empty() {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                && (!has_workers || !self.workers().is_empty())
+            {
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
@@ -175,16 +217,23 @@ impl Nginx {
     /// within `limit`.
     pub fn quit(&mut self, limit: Duration) -> bool {
         self.signal("QUIT");
-        let deadline = Instant::now() + limit;
+        self.wait_exit(limit)
+    }
+
+    /// Waits for the master to exit (then `status` is set); returns whether
+    /// it did within `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
         let child = self.child.as_mut().unwrap();
-        while Instant::now() < deadline {
-            if child.try_wait().unwrap().is_some() {
-                self.child = None;
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let mut status = None;
+        eventually(limit, || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        });
+        if status.is_some() {
+            self.child = None;
+            self.status = status;
         }
-        false
+        status.is_some()
     }
 
     pub fn error_log(&self) -> String {
@@ -306,18 +355,32 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Response {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    try_request(port, method, path, headers, body, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// As `request`, with a read timeout: an error if nginx does not answer
+/// within `timeout`.
+pub fn try_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> std::io::Result<Response> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(timeout))?;
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    parse_response(&raw)
+    s.read_to_end(&mut raw)?;
+    Ok(parse_response(&raw))
 }
 
 fn parse_response(raw: &[u8]) -> Response {

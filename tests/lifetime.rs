@@ -1,0 +1,454 @@
+//! A request (or timer) that goes away while its task is in flight: the
+//! task record must outlive it, the late result must be dropped, and nothing
+//! may crash or leak.
+//!
+//! Each scenario runs a warm-up round, then ROUNDS more, and checks:
+//! - the tasks really were in flight when their caller went away (the pool
+//!   thread logs TASK-START/TASK-END; the caller logs DELIVERED only if it
+//!   got the result, so a scenario that did not abort anything fails);
+//! - the worker is the same process at the end (no crash), and error.log has
+//!   no error, crit, alert or signal;
+//! - the worker's RSS grew by less than RSS_BOUND_KIB over the measured
+//!   rounds. Each task carries a 64 KiB argument that comes back as a 64 KiB
+//!   result, so a leaked record or payload costs at least 64 KiB per task:
+//!   ROUNDS * PER_ROUND = 1,000 aborted tasks would leak >= 62.5 MiB. The
+//!   bound leaves room for allocator and Lua GC noise (each round queues all
+//!   its tasks at once, and the warm-up round has already made the heap as
+//!   large as one round needs), an eighth of the smallest leak it must catch.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+const PER_ROUND: usize = 200;
+const ROUNDS: usize = 5;
+const RSS_BOUND_KIB: u64 = 8 * 1024;
+/// How long a task sleeps in its pool thread (without using CPU).
+const TASK_MS: u32 = 20;
+
+const MAIN: &str = "thread_pool slow_pool threads=4;";
+
+/// The pool's handler sleeps `ms` with poll(2) and returns its payload; it
+/// logs TASK-START and TASK-END so the tests can count tasks.
+const POOL: &str = r#"
+    thread_pool_process_by_lua slow_pool "
+        local ffi = require 'ffi'
+        ffi.cdef 'int poll(void *fds, unsigned long nfds, int timeout);'
+        local C = ffi.C
+        return function(ms, payload)
+            ngx.log(ngx.INFO, 'TASK-START')
+            C.poll(nil, 0, ms)
+            ngx.log(ngx.INFO, 'TASK-END')
+            return payload
+        end
+    ";
+"#;
+
+/// Locations, each ending its request while a task is in flight.
+const LOCATIONS: &str = r#"
+    server {
+        listen 127.0.0.1:$PORT;
+        default_type text/plain;
+
+        # (a) The client closes after reading "pushed": push_task runs in the
+        # same handler invocation as the flush, so the task is queued before
+        # nginx can see the close.
+        location = /abort_on {
+            lua_check_client_abort on;
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local payload = string.rep("x", 65536)
+                ngx.say("pushed")
+                ngx.flush(true)
+                local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
+                ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
+                ngx.say(res and #res or err)
+            }
+        }
+        location = /abort_off {
+            lua_check_client_abort off;
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local payload = string.rep("x", 65536)
+                ngx.say("pushed")
+                ngx.flush(true)
+                local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
+                ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
+                ngx.say(res and #res or err)
+            }
+        }
+
+        # (b) The main coroutine exits while a light thread waits: spawn
+        # returns once the thread has pushed its task and yielded.
+        location = /exit_thread {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local payload = string.rep("x", 65536)
+                ngx.thread.spawn(function()
+                    local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
+                    ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
+                end)
+                ngx.say("exiting")
+                ngx.exit(200)
+            }
+        }
+
+        # (c) A waiting light thread is killed; the request goes on and
+        # pushes another task, which must work.
+        location = /kill_thread {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local payload = string.rep("x", 65536)
+                local t = ngx.thread.spawn(function()
+                    local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
+                    ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
+                end)
+                local ok, err = ngx.thread.kill(t)
+                if not ok then
+                    ngx.say("kill failed: ", err)
+                    return
+                end
+                local res, err = tp.slow_pool:push_task(0, "after kill")
+                ngx.say(res or err)
+            }
+        }
+
+        # (d) The caller times out and the request ends before the result.
+        location = /timeout {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local payload = string.rep("x", 65536)
+                local res, err = tp.slow_pool:push_task_timeout(0.005, tonumber(ngx.var.arg_ms), payload)
+                if res then
+                    ngx.log(ngx.INFO, "DELIVERED ", #res)
+                end
+                ngx.say(res and "late" or err)
+            }
+        }
+    }
+"#;
+
+fn start() -> Nginx {
+    Nginx::start(MAIN, &format!("{POOL}{LOCATIONS}"))
+}
+
+fn count(n: &Nginx, needle: &str) -> usize {
+    n.error_log().matches(needle).count()
+}
+
+fn only_worker(n: &Nginx) -> u32 {
+    let w = n.workers();
+    assert_eq!(w.len(), 1, "expected one worker: {w:?}");
+    w[0]
+}
+
+/// Fails on a crash, an alert or an error: the log checks of the harness
+/// plus [error], [crit] and segfault, and the worker's pid.
+fn assert_no_crash(n: &Nginx, worker: u32) {
+    n.assert_clean_log();
+    let log = n.error_log();
+    for bad in ["[error]", "[crit]", "segfault"] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
+    assert_eq!(n.workers(), vec![worker], "the worker changed: it crashed");
+}
+
+/// Sends a GET, reads until the body shows `marker`, and closes without
+/// reading the rest.
+fn get_then_close(port: u16, path: &str, marker: &[u8]) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !seen.windows(marker.len()).any(|w| w == marker) {
+        let k = s.read(&mut buf).expect("read before close");
+        assert!(
+            k > 0,
+            "connection closed before {marker:?}: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..k]);
+    }
+}
+
+/// Runs `round` (which starts PER_ROUND tasks of the slow pool per call)
+/// once as warm-up and ROUNDS times measured; after each round waits until
+/// every task started so far has ended. Asserts the RSS bound.
+fn measure(n: &Nginx, tasks_per_round: usize, mut round: impl FnMut()) {
+    let worker = only_worker(n);
+    let mut started = 0;
+    let mut run_round = |started: &mut usize| {
+        round();
+        *started += tasks_per_round;
+        let want = *started;
+        assert!(
+            eventually(Duration::from_secs(30), || count(n, "TASK-END") >= want),
+            "only {} of {want} tasks ended",
+            count(n, "TASK-END")
+        );
+        assert_eq!(count(n, "TASK-START"), want, "unexpected number of tasks");
+    };
+    run_round(&mut started);
+    let before = rss_kib(worker);
+    for _ in 0..ROUNDS {
+        run_round(&mut started);
+    }
+    let after = rss_kib(worker);
+    assert!(
+        before > 0 && after > 0,
+        "cannot read RSS of worker {worker}"
+    );
+    assert_eq!(
+        count(n, "TASK-END"),
+        started,
+        "more tasks ended than started"
+    );
+    assert_no_crash(n, worker);
+    let growth = after.saturating_sub(before);
+    eprintln!(
+        "RSS {before} KiB -> {after} KiB (+{growth} KiB) over {} tasks",
+        ROUNDS * tasks_per_round
+    );
+    assert!(
+        growth < RSS_BOUND_KIB,
+        "worker RSS grew by {growth} KiB over {} tasks ({before} -> {after} KiB)",
+        ROUNDS * tasks_per_round
+    );
+}
+
+/// (a) `count` requests to /abort_on or /abort_off, each closed by the
+/// client while its task of `ms` is in flight.
+fn abort_requests(n: &Nginx, location: &str, ms: u32, count: usize) {
+    let path = format!("{location}?ms={ms}");
+    for _ in 0..count {
+        get_then_close(n.port, &path, b"pushed");
+    }
+}
+
+/// (b), (c), (d): `count` requests to `location`, each answered with `want`
+/// while a task of `ms` is still in flight.
+fn early_end_requests(n: &Nginx, location: &str, want: &str, ms: u32, count: usize) {
+    let path = format!("{location}?ms={ms}");
+    for _ in 0..count {
+        let r = n.get(&path);
+        assert_eq!((r.status, r.text().as_str()), (200, want), "{path}");
+    }
+}
+
+#[test]
+fn client_abort_with_check_client_abort_on() {
+    let n = start();
+    measure(&n, PER_ROUND, || {
+        abort_requests(&n, "/abort_on", TASK_MS, PER_ROUND)
+    });
+    // nginx saw each close and ended the request (499): the tasks' results
+    // had nobody to go to. A few may still have been delivered if the
+    // client was descheduled for a whole task (20 ms) on a busy machine.
+    let delivered = count(&n, "DELIVERED");
+    let total = (ROUNDS + 1) * PER_ROUND;
+    assert!(
+        delivered <= total / 10,
+        "{delivered} of {total} results were delivered: the aborts did not end the requests"
+    );
+}
+
+#[test]
+fn client_abort_with_check_client_abort_off() {
+    let n = start();
+    measure(&n, PER_ROUND, || {
+        abort_requests(&n, "/abort_off", TASK_MS, PER_ROUND)
+    });
+    // Without the check nginx does not notice the close while the task
+    // runs: every result reaches its request, whose response then goes to a
+    // closed socket.
+    let total = (ROUNDS + 1) * PER_ROUND;
+    assert!(
+        eventually(Duration::from_secs(10), || count(&n, "DELIVERED 65536")
+            == total),
+        "{} of {total} results delivered",
+        count(&n, "DELIVERED 65536")
+    );
+}
+
+#[test]
+fn exit_while_light_thread_waits() {
+    let n = start();
+    measure(&n, PER_ROUND, || {
+        early_end_requests(&n, "/exit_thread", "exiting\n", TASK_MS, PER_ROUND)
+    });
+    assert_eq!(
+        count(&n, "DELIVERED"),
+        0,
+        "a light thread survived ngx.exit"
+    );
+}
+
+#[test]
+fn kill_waiting_light_thread_then_push_again() {
+    let n = start();
+    measure(&n, 2 * PER_ROUND, || {
+        early_end_requests(&n, "/kill_thread", "after kill\n", TASK_MS, PER_ROUND)
+    });
+    assert_eq!(
+        count(&n, "DELIVERED"),
+        0,
+        "a killed light thread got its result"
+    );
+}
+
+#[test]
+fn timeout_then_request_ends_before_result() {
+    let n = start();
+    measure(&n, PER_ROUND, || {
+        early_end_requests(&n, "/timeout", "timeout\n", TASK_MS, PER_ROUND)
+    });
+    assert_eq!(count(&n, "DELIVERED"), 0, "a timed-out task was delivered");
+}
+
+/// Scenarios (a) to (d) once in nginx run by valgrind's memcheck (`make
+/// valgrind`; not part of `make test`: it takes up to a minute). nginx runs
+/// as a single process, so the process valgrind watches is the one whose
+/// requests end under their tasks; after the requests it quits and valgrind
+/// checks for leaks. Fails on any memory error or definite leak that
+/// tests/valgrind.supp does not name (it names nginx's own). Tasks take
+/// 200 ms: the event loop is slow under valgrind, and the 5 ms timeout of
+/// (d) must still fire before the result comes.
+#[test]
+#[ignore = "needs valgrind; run with `make valgrind`"]
+fn abort_scenarios_under_valgrind() {
+    const MS: u32 = 200;
+    const COUNT: usize = 20;
+    let supp = repo().join("tests/valgrind.supp");
+    let mut n = Nginx::start_single(
+        |dir| {
+            vec![
+                "valgrind".into(),
+                "--tool=memcheck".into(),
+                "--leak-check=full".into(),
+                "--errors-for-leak-kinds=definite".into(),
+                "--error-exitcode=99".into(),
+                "--num-callers=40".into(),
+                format!("--suppressions={}", supp.display()),
+                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
+            ]
+        },
+        Duration::from_secs(120),
+        MAIN,
+        &format!("{POOL}{LOCATIONS}"),
+    );
+    abort_requests(&n, "/abort_on", MS, COUNT);
+    abort_requests(&n, "/abort_off", MS, COUNT);
+    early_end_requests(&n, "/exit_thread", "exiting\n", MS, COUNT);
+    early_end_requests(&n, "/kill_thread", "after kill\n", MS, COUNT);
+    early_end_requests(&n, "/timeout", "timeout\n", MS, COUNT);
+    // Quit only when idle: a single process exits at once on QUIT, and a
+    // request still open then would show as nginx's leak, not ours.
+    let tasks = 6 * COUNT;
+    let idle = eventually(Duration::from_secs(120), || {
+        count(&n, "TASK-END") == tasks && count(&n, "DELIVERED") >= COUNT
+    });
+    assert!(idle, "tasks or requests did not finish:\n{}", n.error_log());
+    assert_eq!(count(&n, "TASK-START"), tasks);
+    // The last responses are written right after their DELIVERED line.
+    std::thread::sleep(Duration::from_millis(500));
+    n.signal("QUIT");
+    assert!(
+        n.wait_exit(Duration::from_secs(120)),
+        "nginx did not exit under valgrind"
+    );
+    let report = std::fs::read_to_string(n.dir.join("logs/valgrind.log")).unwrap();
+    let summary = report
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR SUMMARY"))
+        .unwrap_or_default();
+    eprintln!("valgrind: {summary}");
+    assert!(
+        n.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
+        "valgrind found errors (exit {:?}):\n{report}",
+        n.status
+    );
+    n.assert_clean_log();
+}
+
+/// A timer in init_worker pushes 200 ms tasks in a loop until the worker
+/// exits; `sig` ends the worker while one is in flight.
+fn timer_at_shutdown(sig: &str) -> Nginx {
+    let http = format!(
+        r#"{POOL}
+    init_worker_by_lua_block {{
+        local tp = require "resty.threadpool"
+        local function loop(premature)
+            if premature then
+                return
+            end
+            while not ngx.worker.exiting() do
+                local res, err = tp.slow_pool:push_task(200, "tick")
+                ngx.log(ngx.INFO, "TIMER-TICK ", res or err)
+            end
+            ngx.log(ngx.INFO, "TIMER-EXIT")
+        end
+        assert(ngx.timer.at(0, loop))
+    }}
+    server {{ listen 127.0.0.1:$PORT; location / {{ return 200; }} }}
+"#
+    );
+    let mut n = Nginx::start(MAIN, &http);
+    let worker = only_worker(&n);
+    assert!(
+        eventually(Duration::from_secs(10), || count(&n, "TIMER-TICK tick")
+            >= 2),
+        "the timer's tasks do not complete:\n{}",
+        n.error_log()
+    );
+    // The loop pushes the next task at once, so a task is almost always in
+    // flight; wait for a moment when the log shows one.
+    assert!(
+        eventually(Duration::from_secs(5), || count(&n, "TASK-START")
+            > count(&n, "TIMER-TICK")),
+        "no task in flight"
+    );
+    n.signal(sig);
+    assert!(
+        n.wait_exit(Duration::from_secs(10)),
+        "nginx did not exit after {sig}"
+    );
+    let log = n.error_log();
+    assert!(
+        log.contains(&format!("worker process {worker} exited with code 0")),
+        "the worker did not exit cleanly after {sig}:\n{log}"
+    );
+    assert_no_crash_after_exit(&n);
+    n
+}
+
+fn assert_no_crash_after_exit(n: &Nginx) {
+    n.assert_clean_log();
+    let log = n.error_log();
+    for bad in ["[error]", "[crit]", "segfault", "still running at exit"] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
+}
+
+#[test]
+fn timer_waiting_at_graceful_shutdown() {
+    let n = timer_at_shutdown("QUIT");
+    // Graceful: the timer's last task completed and its loop saw exiting().
+    assert!(n.error_log().contains("TIMER-EXIT"), "{}", n.error_log());
+    assert_eq!(count(&n, "TASK-START"), count(&n, "TASK-END"));
+    assert_eq!(count(&n, "TASK-START"), count(&n, "TIMER-TICK tick"));
+}
+
+#[test]
+fn timer_waiting_at_fast_shutdown() {
+    let n = timer_at_shutdown("TERM");
+    // Fast: the worker leaves the timer's coroutine waiting; exit joins the
+    // pool thread once the running task returns, and frees the record.
+    assert!(!n.error_log().contains("TIMER-EXIT"), "{}", n.error_log());
+    assert_eq!(count(&n, "TASK-START"), count(&n, "TASK-END"));
+    assert_eq!(count(&n, "TASK-START"), count(&n, "TIMER-TICK tick") + 1);
+}
