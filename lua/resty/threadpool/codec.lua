@@ -687,28 +687,6 @@ local function get_pair(p, pos, len, n)
     return i, v, pos
 end
 
--- Returns n, t (t[i] is value i, nils absent) or nil, err.
-function _M.decode(ptr, len)
-    local p = ffi_cast(u8p_t, ptr)
-    local n, k, pos = get_header(p, len)
-    if n == nil then
-        return nil, "bad payload: " .. k
-    end
-    local t = new_tab(n, 0)
-    local i, v
-    for _ = 1, k do
-        i, v, pos = get_pair(p, pos, len, n)
-        if i == nil then
-            return nil, "bad payload: " .. v
-        end
-        t[i] = v
-    end
-    if pos ~= len then
-        return nil, "bad payload: trailing bytes"
-    end
-    return n, t
-end
-
 -- Returns true, v1, ..., vn or nil, err.
 function _M.decode_results(ptr, len)
     local p = ffi_cast(u8p_t, ptr)
