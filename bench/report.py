@@ -551,6 +551,11 @@ def render(res, out_dir):
         "## Plots\n",
         "\n".join(f"![{p}]({p})" for p in images) + "\n",
     ]
+    # The written analysis (bounds, profiles, what each optimisation did)
+    # is kept by hand next to the generated numbers.
+    analysis = Path(__file__).resolve().parent / "ANALYSIS.md"
+    if analysis.exists():
+        doc.append(analysis.read_text())
     (out_dir / "REPORT.md").write_text("\n".join(doc))
 
 
