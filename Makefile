@@ -6,6 +6,9 @@ DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson l
 	libluajit2-5.1-dev libclang-dev clang pkg-config wrk
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
+# As root, nginx would run its workers as nobody, who may not read a
+# checkout in a private directory.
+RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
 .PHONY: deps build test lint run bench bench-deps valgrind clean
 
@@ -33,6 +36,7 @@ lint:
 run: build
 	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs
 	@sed -e 's#@MODULE@#$(CURDIR)/$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
+		-e "s#@USER@#$(RUN_USER)#g" \
 		nginx-conf/demo.conf > $(RUN_DIR)/conf/nginx.conf
 	@cp nginx-conf/*.lua $(RUN_DIR)/conf/ 2>/dev/null || true
 	@echo "ngx_threadpool demo on http://127.0.0.1:8080/ (Ctrl-C stops it)"

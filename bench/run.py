@@ -146,7 +146,10 @@ class Nginx:
         for key, value in (("MODULE", str(MODULE)), ("REPO", str(REPO)),
                            ("PORT", str(self.port)),
                            ("POOLS", "\n".join(pools)),
-                           ("TP_HANDLER", handler)):
+                           ("TP_HANDLER", handler),
+                           # As root, workers would run as nobody, who may
+                           # not read a checkout in a private directory.
+                           ("USER", "user root;" if os.geteuid() == 0 else "")):
             conf = conf.replace(f"@{key}@", value)
         (self.prefix / "conf/nginx.conf").write_text(conf)
         self.proc = None

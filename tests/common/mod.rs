@@ -53,6 +53,17 @@ pub fn free_port() -> u16 {
 /// declarations), and `http` inside the http block, where `$PORT` stands
 /// for the server's port. An `http` that sets its own `lua_package_path`
 /// replaces the harness's (it must then list the repo's lua/ dir itself).
+/// As root, nginx switches its workers to `nobody`, who may not read a
+/// checkout in a private directory (mktemp -d makes it 0700): the workers
+/// then keep the tests' user.
+fn user_line() -> &'static str {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata("/proc/self") {
+        Ok(m) if m.uid() == 0 => "user root;",
+        _ => "",
+    }
+}
+
 pub fn config(port: u16, workers: usize, main: &str, http: &str) -> String {
     let path_line = if http.contains("lua_package_path") {
         String::new()
@@ -63,6 +74,7 @@ pub fn config(port: u16, workers: usize, main: &str, http: &str) -> String {
         r#"load_module {MODULES}/ndk_http_module.so;
 load_module {MODULES}/ngx_http_lua_module.so;
 load_module {module};
+{user}
 daemon off;
 master_process on;
 worker_processes {workers};
@@ -77,6 +89,7 @@ http {{
 }}
 "#,
         module = module_path().display(),
+        user = user_line(),
         http = http.replace("$PORT", &port.to_string()),
     )
 }
