@@ -145,10 +145,6 @@ impl Tasks {
             .filter(|s| s.gen == gen && s.state != State::Free)
     }
 
-    pub fn state(&self, id: TaskId) -> Option<State> {
-        self.slot(id).map(|s| s.state)
-    }
-
     pub fn sema(&self, id: TaskId) -> Option<&Sema> {
         self.slot(id).and_then(|s| s.sema.as_ref())
     }

@@ -99,22 +99,6 @@ impl Conf {
             p as *mut c_char
         }
     }
-
-    /// Logs at EMERG with the current file and line, like
-    /// ngx_conf_log_error (which is variadic and cannot take a Rust string).
-    pub fn emerg(&self, msg: &str) {
-        // SAFETY: "%*s" takes a length and a pointer to that many bytes.
-        unsafe {
-            sys::ngx_conf_log_error(
-                sys::NGX_LOG_EMERG as usize,
-                self.0,
-                0,
-                c"%*s".as_ptr(),
-                msg.len(),
-                msg.as_ptr(),
-            )
-        }
-    }
 }
 
 /// Reads a configuration file through nginx's own buffer, refilling it the

@@ -441,7 +441,3 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
     f()
 }
-
-pub fn path_str(p: &Path) -> String {
-    p.display().to_string()
-}
