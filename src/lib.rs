@@ -155,6 +155,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             vm::NgxEnv {
                 lua_conf: ngx::lua_api::LuaConf::of(cycle),
                 worker: ngx::lua_api::WorkerInfo::current(),
+                regex_match_limit: ngx::lua_api::regex_match_limit(),
             }
         };
         // One spec per configured pool, in order: a pool's index in the

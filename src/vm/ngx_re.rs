@@ -72,8 +72,9 @@ fn cache_entries() -> u32 {
     f()
 }
 
-/// Sets `ngx.re` in `lua`'s state.
-pub fn install(lua: &Lua, ngx: &Table) -> mlua::Result<()> {
+/// Sets `ngx.re` in `lua`'s state; returns the helpers the `ngx.re` module
+/// (split, opt) is built on. `match_limit` is lua_regex_match_limit (0: none).
+pub fn install(lua: &Lua, ngx: &Table, match_limit: u64) -> mlua::Result<Table> {
     let lib = match private_pcre() {
         Ok(handle) => {
             let handle = *handle as *mut c_void;
@@ -87,11 +88,12 @@ pub fn install(lua: &Lua, ngx: &Table) -> mlua::Result<()> {
         }
         Err(why) => Value::String(lua.create_string(why)?),
     };
-    let re: Table = lua
+    let (re, internal): (Table, Table) = lua
         .load(include_str!("ngx_re.lua"))
         .set_name("=ngx_threadpool.ngx_re")
-        .call((lib, cache_entries(), ngx.clone()))?;
-    ngx.set("re", re)
+        .call((lib, cache_entries(), match_limit, ngx.clone()))?;
+    ngx.set("re", re)?;
+    Ok(internal)
 }
 
 #[cfg(test)]
@@ -123,7 +125,7 @@ mod tests {
         // SAFETY: ffi is needed by ngx_re.lua, as in a pool thread.
         let lua = unsafe { Lua::unsafe_new() };
         let ngx = lua.create_table().unwrap();
-        install(&lua, &ngx).unwrap();
+        install(&lua, &ngx, 0).unwrap();
         lua.globals().set("ngx", ngx).unwrap();
         let (m, s): (String, String) = lua
             .load(
