@@ -74,6 +74,8 @@ pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 /// about 8000 values at once, so this leaves room and bounds what a count in
 /// a corrupt payload can make the decoder allocate.
 pub const MAX_VALUES: usize = 4096;
+/// LuaJIT's own message for a failed allocation, used for ours too.
+pub const NOT_ENOUGH_MEMORY: &str = "not enough memory";
 
 const TWO63: f64 = 9_223_372_036_854_775_808.0;
 
@@ -108,13 +110,15 @@ fn encode_into(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(),
     let k = values.iter().filter(|v| !v.is_nil()).count();
 
     let written = Cell::new(0);
+    let oom = Cell::new(false);
     let mut w = CountingWriter {
         out,
         written: &written,
+        oom: &oom,
     };
-    // Writes to a Vec cannot fail, so these errors are unreachable.
-    rmp::encode::write_uint(&mut w, n as u64).map_err(|e| e.to_string())?;
-    rmp::encode::write_map_len(&mut w, k as u32).map_err(|e| e.to_string())?;
+    // Only running out of memory makes these fail.
+    rmp::encode::write_uint(&mut w, n as u64).map_err(|_| NOT_ENOUGH_MEMORY.to_string())?;
+    rmp::encode::write_map_len(&mut w, k as u32).map_err(|_| NOT_ENOUGH_MEMORY.to_string())?;
 
     let ctx = Ctx {
         stack: RefCell::new(Vec::new()),
@@ -129,9 +133,12 @@ fn encode_into(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(),
         let pos = i + 1;
         (&mut ser)
             .serialize_u64(pos as u64)
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| NOT_ENOUGH_MEMORY.to_string())?;
         let enc = Enc { v, ctx: &ctx };
         if let Err(e) = enc.serialize(&mut ser) {
+            if oom.get() {
+                return Err(NOT_ENOUGH_MEMORY.into());
+            }
             return Err(ctx.message(what, pos, e));
         }
     }
@@ -150,6 +157,9 @@ fn size_message(what: &str) -> String {
 struct CountingWriter<'a> {
     out: &'a mut Vec<u8>,
     written: &'a Cell<usize>,
+    /// Set when the output could not grow: the payload's size comes from
+    /// user data, so running out of memory is an error, not an abort.
+    oom: &'a Cell<bool>,
 }
 
 impl io::Write for CountingWriter<'_> {
@@ -159,6 +169,10 @@ impl io::Write for CountingWriter<'_> {
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if self.out.try_reserve(buf.len()).is_err() {
+            self.oom.set(true);
+            return Err(io::ErrorKind::OutOfMemory.into());
+        }
         self.out.extend_from_slice(buf);
         self.written.set(self.written.get() + buf.len());
         Ok(())
@@ -693,7 +707,13 @@ fn format_g14(x: f64) -> String {
 /// Decodes a payload into Lua values in `lua`.  Absent positions are nil;
 /// msgpack nil becomes `Value::NULL` (ngx.null).
 pub fn decode_values(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
-    decode_inner(lua, bytes).map_err(|e| format!("bad payload: {e}"))
+    decode_inner(lua, bytes).map_err(|e| {
+        if e == NOT_ENOUGH_MEMORY {
+            e
+        } else {
+            format!("bad payload: {e}")
+        }
+    })
 }
 
 fn decode_inner(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
@@ -718,7 +738,10 @@ fn decode_inner(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
         })
     }
     // A Lua error (out of memory) inside the closure.
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| match e {
+        mlua::Error::MemoryError(_) => NOT_ENOUGH_MEMORY.to_string(),
+        other => other.to_string(),
+    })?;
     res.map(|()| values)
 }
 

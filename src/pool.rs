@@ -7,7 +7,7 @@
 
 use crate::notify;
 use crate::task::{RequestTasks, TaskId, Tasks};
-use crate::vm::{self, Spec, ThreadVm};
+use crate::vm::{self, Outcome, Spec, ThreadVm};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -204,29 +204,49 @@ fn thread_main(
         Some(l) => l.write(level, msg.as_bytes()),
         None => eprintln!("{msg}"),
     };
-    let vm = crate::ngx::guard::catch(|| ThreadVm::new(&spec))
-        .and_then(|r| r)
-        .map_err(|e| {
-            report(
-                crate::ngx::log::NGX_LOG_ERR,
-                &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool),
-            );
-            format!("thread pool \"{}\" is not usable: {e}", spec.pool)
-        });
+    let build = || {
+        crate::ngx::guard::catch(|| ThreadVm::new(&spec))
+            .and_then(|r| r)
+            .map_err(|e| {
+                report(
+                    crate::ngx::log::NGX_LOG_ERR,
+                    &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool),
+                );
+                format!("thread pool \"{}\" is not usable: {e}", spec.pool)
+            })
+    };
+    let mut vm = build();
     while let Some(mut job) = next_job(&jobs) {
         if stopping.load(Ordering::Relaxed) {
             continue;
         }
-        let failed = match &vm {
-            Ok(vm) => crate::ngx::guard::catch(|| vm.run(&mut job.payload))
-                .unwrap_or_else(|panic| vm::fail(&mut job.payload, &panic)),
-            Err(msg) => vm::fail(&mut job.payload, msg),
+        let outcome = match &vm {
+            Ok(vm) => crate::ngx::guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
+                vm::fail(&mut job.payload, &panic);
+                Outcome::Failed
+            }),
+            Err(msg) => {
+                vm::fail(&mut job.payload, msg);
+                Outcome::Failed
+            }
         };
+        if let Outcome::Broken(why) = &outcome {
+            report(
+                crate::ngx::log::NGX_LOG_WARN,
+                &format!(
+                    "thread pool \"{}\" thread #{index}: {why}; rebuilding its Lua state",
+                    spec.pool
+                ),
+            );
+            // The old state goes first: its memory is what the new one needs.
+            drop(vm);
+            vm = build();
+        }
         if done
             .send(Completion {
                 task: job.task,
                 payload: job.payload,
-                failed,
+                failed: outcome != Outcome::Done,
             })
             .is_err()
         {
