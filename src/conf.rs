@@ -13,6 +13,7 @@
 use crate::conf_block;
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::sys;
+use crate::ngx::http_locations::AioUser;
 use crate::ngx::thread_pool::ThreadPool;
 use crate::vm::chunk::{self, Chunk, Style};
 use std::ffi::{c_char, c_void};
@@ -23,6 +24,9 @@ pub struct PoolConf {
     pub pool: ThreadPool,
     pub init: Option<Chunk>,
     pub process: Option<(Chunk, Style)>,
+    /// Where the first directive naming the pool is, for errors found
+    /// after the whole configuration is read.
+    pub defined_at: String,
     /// From the thread_pool declaration, read at init_module.
     pub threads: usize,
     pub max_queue: usize,
@@ -54,6 +58,7 @@ impl MainConf {
             pool,
             init: None,
             process: None,
+            defined_at: cf.file_line(),
             threads: 0,
             max_queue: 0,
         });
@@ -61,12 +66,25 @@ impl MainConf {
     }
 
     /// Reads each pool's declaration and takes it from nginx (init_module).
-    pub fn resolve(&mut self) -> Result<(), String> {
+    /// `aio` lists the pools nginx's own file I/O uses: a pool this module
+    /// runs has no thread that would take nginx's tasks.
+    pub fn resolve(&mut self, aio: &[AioUser]) -> Result<(), String> {
         for p in &mut self.pools {
             if p.process.is_none() {
                 return Err(format!(
-                    "thread pool \"{}\" has thread_pool_init_by_lua but no thread_pool_process_by_lua",
-                    p.name
+                    "thread pool \"{}\" has thread_pool_init_by_lua but no thread_pool_process_by_lua in {}",
+                    p.name, p.defined_at
+                ));
+            }
+            if let Some(user) = aio.iter().find(|u| p.pool.is(u.pool)) {
+                let place = if user.location.is_empty() {
+                    "a server".to_string()
+                } else {
+                    format!("location \"{}\"", user.location)
+                };
+                return Err(format!(
+                    "thread pool \"{}\" has a thread_pool_process_by_lua handler and cannot also serve \"aio threads\" (in {place}): declare another thread_pool for aio, in {}",
+                    p.name, p.defined_at
                 ));
             }
             let (threads, max_queue) = p.pool.take(p.name.as_bytes())?;

@@ -127,10 +127,12 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
         let Some(conf) = (unsafe { main_conf(cycle) }) else {
             return sys::NGX_OK as sys::ngx_int_t;
         };
-        match conf.resolve() {
+        // SAFETY: as above; the http block is fully configured.
+        let aio = unsafe { ngx::http_locations::aio_users(cycle) };
+        match conf.resolve(&aio) {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
-                ngx::log::cycle_error(&format!("ngx_threadpool: {msg}"));
+                ngx::log::cycle_emerg(&format!("ngx_threadpool: {msg}"));
                 sys::NGX_ERROR as sys::ngx_int_t
             }
         }

@@ -51,6 +51,20 @@ impl Conf {
         }
     }
 
+    /// "/etc/nginx/nginx.conf:12": the current file and line, as nginx
+    /// ends its configuration errors.
+    pub fn file_line(&self) -> String {
+        // SAFETY: conf_file is set while a file is being parsed.
+        unsafe {
+            let file = (*self.0).conf_file;
+            if file.is_null() {
+                return "?".into();
+            }
+            let name = String::from_utf8_lossy(super::str_bytes(&(*file).file.name));
+            format!("{name}:{}", (*file).line)
+        }
+    }
+
     /// The line nginx's tokenizer is on in the current file (0 without one).
     pub fn line(&self) -> usize {
         // SAFETY: conf_file is set while a file is being parsed.

@@ -66,3 +66,11 @@ pub fn cycle_error(msg: &str) {
         None => eprintln!("{msg}"),
     }
 }
+
+/// Logs a configuration error on the cycle's log (`nginx -t` prints it).
+pub fn cycle_emerg(msg: &str) {
+    match Log::cycle() {
+        Some(log) => log.write(NGX_LOG_EMERG, msg.as_bytes()),
+        None => eprintln!("{msg}"),
+    }
+}

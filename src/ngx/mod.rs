@@ -6,6 +6,7 @@
 pub mod bindings;
 pub mod conf;
 pub mod guard;
+pub mod http_locations;
 pub mod log;
 pub mod lua;
 pub mod lua_api;

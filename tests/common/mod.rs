@@ -338,14 +338,16 @@ pub fn nginx_test(main: &str, http: &str, files: &[(&str, &str)]) -> Output {
         config(free_port(), 1, main, http),
     )
     .unwrap();
-    Command::new(NGINX)
+    let out = Command::new(NGINX)
         .arg("-t")
         .arg("-p")
         .arg(&dir)
         .arg("-c")
         .arg("conf/nginx.conf")
         .output()
-        .unwrap()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    out
 }
 
 #[derive(Debug)]
