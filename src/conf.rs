@@ -12,8 +12,8 @@
 
 use crate::conf_block;
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
-use crate::ngx::sys;
 use crate::ngx::http_locations::AioUser;
+use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
 use crate::vm::chunk::{self, Chunk, Style};
 use std::ffi::{c_char, c_void};

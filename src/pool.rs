@@ -221,10 +221,12 @@ fn thread_main(
             continue;
         }
         let outcome = match &vm {
-            Ok(vm) => crate::ngx::guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
-                vm::fail(&mut job.payload, &panic);
-                Outcome::Failed
-            }),
+            Ok(vm) => {
+                crate::ngx::guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
+                    vm::fail(&mut job.payload, &panic);
+                    Outcome::Failed
+                })
+            }
             Err(msg) => {
                 vm::fail(&mut job.payload, msg);
                 Outcome::Failed

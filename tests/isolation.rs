@@ -95,17 +95,27 @@ fn call(ngx: &Nginx, op: &str) -> String {
     resp.text()
 }
 
+/// Tasks until one runs clean: a finalizer left from an earlier task may
+/// raise in the next ones (as on the event loop), and runs only once.
+fn ping_until_clean(ngx: &Nginx) {
+    for _ in 0..10 {
+        let out = call(ngx, "ping");
+        if out == "ping nil" {
+            return;
+        }
+        assert!(out.contains("boom"), "{out}");
+    }
+    panic!("no clean task in 10");
+}
+
 #[test]
 fn finalizer_errors_during_the_task_are_the_tasks_errors() {
     let ngx = start();
     let pid = ngx.workers();
     for op in ["gc in task", "proxy in task"] {
         let out = call(&ngx, op);
-        assert!(
-            out == "survived nil" || out.contains("boom"),
-            "{op}: {out}"
-        );
-        assert_eq!(call(&ngx, "ping"), "ping nil");
+        assert!(out == "survived nil" || out.contains("boom"), "{op}: {out}");
+        ping_until_clean(&ngx);
     }
     assert_eq!(ngx.workers(), pid, "the worker was replaced");
     ngx.assert_clean_log();
@@ -123,7 +133,7 @@ fn finalizer_errors_during_a_later_task_do_not_crash() {
         let out = call(&ngx, "innocent");
         assert!(out == "innocent nil" || out.contains("boom"), "{out}");
     }
-    assert_eq!(call(&ngx, "ping"), "ping nil");
+    ping_until_clean(&ngx);
     assert_eq!(ngx.get("/static").text(), "static");
     assert_eq!(ngx.workers(), pid, "the worker was replaced");
     ngx.assert_clean_log();
@@ -155,7 +165,13 @@ fn running_out_of_memory_is_an_error_and_the_thread_recovers() {
     let log = ngx.error_log();
     assert!(log.contains("not enough memory"), "{log}");
     assert!(log.contains("rebuilding its Lua state"), "{log}");
-    for bad in ["exited on signal", "signal 6", "panic", "[alert]", "[emerg]"] {
+    for bad in [
+        "exited on signal",
+        "signal 6",
+        "panic",
+        "[alert]",
+        "[emerg]",
+    ] {
         assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
     }
 }

@@ -446,7 +446,10 @@ fn match_limit_and_jit_stack_size_apply_in_pool_threads() {
             r#"3: true, nil, "pcre_exec() failed: -8""#,
         ),
         // under it
-        (r#"return ngx.re.match("aad", "(a+)+(?:b|c)")"#, "2: true, nil"),
+        (
+            r#"return ngx.re.match("aad", "(a+)+(?:b|c)")"#,
+            "2: true, nil",
+        ),
         // deeper than the default 32 KiB JIT stack allows
         (
             r#"return ngx.re.find(("ab"):rep(20000), "(a|b)*", "j")"#,

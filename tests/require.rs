@@ -154,8 +154,14 @@ fn openresty_modules_are_the_threads_own_or_refused() {
             "ngx.semaphore",
             "module 'ngx.semaphore' is not available in thread pools",
         ),
-        ("ngx.ssl", "module 'ngx.ssl' is not available in thread pools"),
-        ("ngx.req", "module 'ngx.req' is not available in thread pools"),
+        (
+            "ngx.ssl",
+            "module 'ngx.ssl' is not available in thread pools",
+        ),
+        (
+            "ngx.req",
+            "module 'ngx.req' is not available in thread pools",
+        ),
         (
             "ngx.balancer",
             "module 'ngx.balancer' is not available in thread pools",

@@ -36,10 +36,7 @@ fn nginx_t_refuses_aio_threads_on_a_lua_pool() {
             "server { listen 127.0.0.1:$PORT; aio threads=tp; location / { } }",
             "",
         ),
-        (
-            "aio threads=tp; server { listen 127.0.0.1:$PORT; }",
-            "",
-        ),
+        ("aio threads=tp; server { listen 127.0.0.1:$PORT; }", ""),
     ] {
         let out = nginx_test(MAIN, &format!("{HANDLER}\n{http}"), &[]);
         let err = output_text(&out);
@@ -56,7 +53,9 @@ fn nginx_t_refuses_aio_threads_on_a_lua_pool() {
     // another pool for aio is fine
     let out = nginx_test(
         "thread_pool tp threads=1; thread_pool io threads=1;",
-        &format!("{HANDLER}\nserver {{ listen 127.0.0.1:$PORT; location / {{ aio threads=io; }} }}"),
+        &format!(
+            "{HANDLER}\nserver {{ listen 127.0.0.1:$PORT; location / {{ aio threads=io; }} }}"
+        ),
         &[],
     );
     assert!(out.status.success(), "{}", output_text(&out));
@@ -64,7 +63,11 @@ fn nginx_t_refuses_aio_threads_on_a_lua_pool() {
 
 #[test]
 fn init_without_process_names_its_file_and_line() {
-    let out = nginx_test(MAIN, "\n\n    thread_pool_init_by_lua tp \"local x = 1\";", &[]);
+    let out = nginx_test(
+        MAIN,
+        "\n\n    thread_pool_init_by_lua tp \"local x = 1\";",
+        &[],
+    );
     let err = output_text(&out);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -120,7 +123,10 @@ fn raw_get(port: u16, path: &str) -> std::io::Result<Vec<u8>> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     Ok(raw)
@@ -133,7 +139,11 @@ fn run_time_users_fail_at_once_and_reload_and_quit_complete() {
     // nginx has sent nothing yet when the read fails: it closes the
     // connection (a 500 would do as well); what matters is that it ends.
     let aio = raw_get(ngx.port, "/aio").expect("aio threads=$var hung");
-    assert!(!aio.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&aio));
+    assert!(
+        !aio.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&aio)
+    );
     let rwt = try_request(ngx.port, "GET", "/rwt", &[], b"", Duration::from_secs(10))
         .expect("run_worker_thread hung");
     assert_eq!(rwt.text(), "false thread pool tp not found\n");

@@ -51,7 +51,9 @@ pub unsafe fn aio_users(cycle: *mut sys::ngx_cycle_t) -> Vec<AioUser> {
 ///
 /// # Safety
 /// `loc_conf` must be a context's array of location confs.
-unsafe fn core_loc_conf(loc_conf: *mut *mut std::ffi::c_void) -> *mut sys::ngx_http_core_loc_conf_t {
+unsafe fn core_loc_conf(
+    loc_conf: *mut *mut std::ffi::c_void,
+) -> *mut sys::ngx_http_core_loc_conf_t {
     // SAFETY: forwarded from the caller; every http module has a slot.
     unsafe { *loc_conf.add(sys::ngx_http_core_module.ctx_index) as *mut _ }
 }

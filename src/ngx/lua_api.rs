@@ -97,7 +97,7 @@ pub unsafe fn regex_match_limit() -> u64 {
         }
         let sd = (*re).regex_sd;
         let limit = if !sd.is_null() && (*sd).flags & PCRE_EXTRA_MATCH_LIMIT != 0 {
-            u64::from((*sd).match_limit)
+            (*sd).match_limit
         } else {
             0
         };

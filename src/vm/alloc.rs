@@ -57,7 +57,5 @@ pub fn install(lua: &Lua) -> mlua::Result<Swapped> {
 /// Puts mlua's allocator back (before the state is closed).
 pub fn restore(lua: &Lua, swapped: &Swapped) {
     // SAFETY: as in install.
-    let _ = unsafe {
-        lua.exec_raw::<()>((), |l| ffi::lua_setallocf(l, swapped.f, swapped.ud))
-    };
+    let _ = unsafe { lua.exec_raw::<()>((), |l| ffi::lua_setallocf(l, swapped.f, swapped.ud)) };
 }

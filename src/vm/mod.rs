@@ -78,9 +78,7 @@ impl ThreadVm {
                 .map_err(|e| error_text(&e))?;
             let run_protected = |f: Function| -> Result<MultiValue, String> {
                 let wrapped: Function = protect.call(f).map_err(|e| error_text(&e))?;
-                let mut out = wrapped
-                    .call::<MultiValue>(())
-                    .map_err(|e| error_text(&e))?;
+                let mut out = wrapped.call::<MultiValue>(()).map_err(|e| error_text(&e))?;
                 match out.pop_front() {
                     Some(Value::Boolean(true)) => Ok(out),
                     _ => Err(error_value_text(out.pop_front().unwrap_or(Value::Nil))),

@@ -16,13 +16,13 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The module that `cargo test` built for this very test binary: the
+/// cdylib beside it in target/<profile>/deps/. (target/release/ holds what
+/// the last `cargo build` left, which `cargo test` does not refresh.)
 pub fn module_path() -> PathBuf {
-    let p = repo().join("target/release/libngx_threadpool.so");
-    assert!(
-        p.exists(),
-        "{} missing: run `make build` (cargo build --release) first",
-        p.display()
-    );
+    let exe = std::env::current_exe().expect("test binary path");
+    let p = exe.with_file_name("libngx_threadpool.so");
+    assert!(p.exists(), "{} missing", p.display());
     p
 }
 
