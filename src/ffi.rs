@@ -10,7 +10,7 @@ use crate::task::{RequestTasks, TaskId};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 2;
+pub const API_VERSION: c_int = 3;
 
 pub const OK: c_int = 0;
 pub const ERROR: c_int = -1;
@@ -155,6 +155,20 @@ pub unsafe extern "C" fn ngx_threadpool_result(
             }
         })
         .unwrap_or(ERROR)
+    })
+}
+
+/// The shim is done with a large result (decoded): its buffer is freed now
+/// rather than kept until the next result.
+#[no_mangle]
+pub extern "C" fn ngx_threadpool_result_done() {
+    no_unwind("result_done", (), || {
+        with_worker(|w| {
+            if w.last_result.capacity() > crate::task::KEEP {
+                let buf = std::mem::take(&mut w.last_result);
+                w.tasks.recycle(buf);
+            }
+        });
     })
 }
 

@@ -149,6 +149,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         if conf.pools.is_empty() {
             return sys::NGX_OK as sys::ngx_int_t;
         }
+        ngx::os::bound_retained_memory();
         // SAFETY: init_process runs on the event loop before any request.
         let paths = unsafe { ngx::lua::package_paths(cycle) };
         let log = ngx::log::Log::cycle();

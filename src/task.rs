@@ -14,6 +14,10 @@ use crate::pool::with_worker;
 pub type TaskId = u64;
 
 const NONE: u32 = u32::MAX;
+/// Payload buffers up to this size are kept for reuse.
+pub const KEEP: usize = 64 * 1024;
+/// Payload buffers from this size are given back to the system when freed.
+pub const LARGE: usize = 1024 * 1024;
 /// Generations stay below 2^20 so a handle is exact as a Lua number.
 const GEN_MASK: u32 = (1 << 20) - 1;
 
@@ -88,12 +92,15 @@ impl Tasks {
     }
 
     /// Returns a payload buffer for reuse (small ones only: a 1 MiB payload
-    /// should not pin 1 MiB per spare).
+    /// should not pin 1 MiB per spare). Freeing a large one gives the
+    /// memory back to the system.
     pub fn recycle(&mut self, mut buf: Vec<u8>) {
-        const KEEP: usize = 64 * 1024;
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
+        } else if buf.capacity() >= LARGE {
+            drop(buf);
+            crate::ngx::os::give_back_free_memory();
         }
     }
 

@@ -29,3 +29,35 @@ pub fn lower_priority(by: i32) {
         sys::setpriority(sys::__priority_which_PRIO_PROCESS, tid, now + by);
     }
 }
+
+extern "C" {
+    fn malloc_trim(pad: usize) -> std::ffi::c_int;
+    fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+}
+
+const M_TRIM_THRESHOLD: std::ffi::c_int = -1;
+const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
+
+/// Fixes glibc's thresholds for the worker. By default they adapt: once a
+/// freed block was mapped on its own (a 16 MiB payload), blocks up to that
+/// size come from the arenas, which then keep up to twice that free for
+/// good, in every thread's arena. Fixed, blocks from 4 MiB are mapped on
+/// their own and unmapped when freed, and an arena keeps at most 4 MiB
+/// free: payloads up to a few MiB still reuse memory (fresh pages cost
+/// more than the copy), larger ones give it back.
+pub fn bound_retained_memory() {
+    // SAFETY: mallopt only sets allocator parameters; called once per
+    // worker before its threads start.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 4 << 20);
+        mallopt(M_TRIM_THRESHOLD, 4 << 20);
+    }
+}
+
+/// Returns the allocator's free memory to the system, in every thread's
+/// arena (glibc): after a large payload, what was freed would otherwise
+/// stay in the worker's RSS for good.
+pub fn give_back_free_memory() {
+    // SAFETY: malloc_trim only releases free pages; it is thread-safe.
+    unsafe { malloc_trim(0) };
+}

@@ -30,7 +30,11 @@ pub struct ThreadVm {
     lua: Lua,
     /// The handler under protect.lua: returns ok, values... or false, err.
     call: Function,
+    /// collectgarbage() under protect.lua.
+    collect: Function,
     allocator: alloc::Swapped,
+    pool: String,
+    log: Option<Log>,
 }
 
 impl Drop for ThreadVm {
@@ -62,7 +66,7 @@ impl ThreadVm {
         // Before anything can leave garbage behind: see protect.lua.
         lua.gc_stop();
         let allocator = alloc::install(&lua).map_err(|e| error_text(&e))?;
-        let setup = || -> Result<Function, String> {
+        let setup = || -> Result<(Function, Function), String> {
             let package: mlua::Table = lua.globals().get("package").map_err(|e| error_text(&e))?;
             for (key, value) in [("path", &spec.package_path), ("cpath", &spec.package_cpath)] {
                 if let Some(v) = value {
@@ -101,13 +105,22 @@ impl ThreadVm {
                     }
                 },
             };
-            protect.call(handler).map_err(|e| error_text(&e))
+            let collect = lua
+                .globals()
+                .get::<Function>("collectgarbage")
+                .and_then(|f| protect.call(f))
+                .map_err(|e| error_text(&e))?;
+            let call = protect.call(handler).map_err(|e| error_text(&e))?;
+            Ok((call, collect))
         };
         match setup() {
-            Ok(call) => Ok(ThreadVm {
+            Ok((call, collect)) => Ok(ThreadVm {
                 lua,
                 call,
+                collect,
                 allocator,
+                pool: spec.pool.clone(),
+                log: spec.log,
             }),
             Err(e) => {
                 alloc::restore(&lua, &allocator);
@@ -159,6 +172,24 @@ impl ThreadVm {
             fail(payload, &error_value_text(err[0].clone()));
         }
         Outcome::Failed
+    }
+}
+
+impl ThreadVm {
+    /// A full collection, when the thread goes idle after large payloads.
+    /// Protected like any Lua code of the thread: a finalizer's error is
+    /// logged, not raised.
+    pub fn collect_garbage(&self) {
+        if let Ok(mut out) = self.collect.call::<MultiValue>(()) {
+            if !matches!(out.pop_front(), Some(Value::Boolean(true))) {
+                let err = error_value_text(out.pop_front().unwrap_or(Value::Nil));
+                let msg = format!("thread pool \"{}\": error between tasks: {err}", self.pool);
+                match self.log {
+                    Some(log) => log.write(crate::ngx::log::NGX_LOG_WARN, msg.as_bytes()),
+                    None => eprintln!("{msg}"),
+                }
+            }
+        }
     }
 }
 
