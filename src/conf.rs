@@ -37,6 +37,18 @@ pub struct MainConf {
     pub pools: Vec<PoolConf>,
 }
 
+/// The pools' main conf in `cycle`, if the configuration has an http block.
+///
+/// # Safety
+/// `cycle` must be live and configured.
+pub unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut MainConf> {
+    // SAFETY: our slot holds the MainConf from create_main_conf (lib.rs).
+    unsafe {
+        (crate::ngx::conf::http_main_conf(cycle, crate::ngx::module::own()) as *mut MainConf)
+            .as_mut()
+    }
+}
+
 /// What a setter sets, carried in the command's `post` field.
 pub const INIT: usize = 0;
 pub const PROCESS: usize = 1;

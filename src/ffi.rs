@@ -5,8 +5,8 @@
 
 use crate::ngx::guard::no_unwind;
 use crate::ngx::sys;
-use crate::pool::{with_worker, PushError};
-use crate::task::{RequestTasks, TaskId};
+use crate::worker::tasks::{RequestTasks, TaskId, KEEP};
+use crate::worker::{with_worker, PushError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
@@ -51,7 +51,7 @@ pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> 
         // SAFETY: the caller vouches for name/len.
         let name = unsafe { std::slice::from_raw_parts(name, len) };
         // SAFETY: ngx_cycle is the running cycle, configured.
-        let conf = unsafe { crate::main_conf(sys::ngx_cycle) };
+        let conf = unsafe { crate::conf::main_conf(sys::ngx_cycle) };
         conf.and_then(|c| c.pools.iter().position(|p| p.name.as_bytes() == name))
             .map_or(-1, |id| id as c_int)
     })
@@ -164,7 +164,7 @@ pub unsafe extern "C" fn ngx_threadpool_result(
 pub extern "C" fn ngx_threadpool_result_done() {
     no_unwind("result_done", (), || {
         with_worker(|w| {
-            if w.last_result.capacity() > crate::task::KEEP {
+            if w.last_result.capacity() > KEEP {
                 let buf = std::mem::take(&mut w.last_result);
                 w.tasks.recycle(buf);
             }
@@ -194,7 +194,7 @@ unsafe fn request_tasks(r: *mut sys::ngx_http_request_t) -> Option<*mut RequestT
     // allocated in r->pool (reset by an internal redirect, which only means
     // a second list: the first is still released with the pool).
     unsafe {
-        let slot = (*r).ctx.add(crate::ngx_threadpool_module.ctx_index);
+        let slot = (*r).ctx.add(crate::ngx::module::own_ctx_index());
         if !(*slot).is_null() {
             return Some((*slot).cast());
         }

@@ -11,6 +11,7 @@ pub mod log;
 pub mod lua;
 pub mod lua_api;
 pub mod module;
+pub mod notify;
 pub mod os;
 pub mod pool;
 pub mod thread_pool;

@@ -1,37 +1,23 @@
-//! Per-worker pools: threads, their job channels, and the worker's state on
-//! the event loop.
+//! The worker's state, on the event-loop thread: its pools (threads and job
+//! channels), its task records and the completions coming back.
 //!
-//! Each pool has a crossbeam channel of jobs, bounded at `max_queue`
-//! read by its threads. Every thread posts completions to the one
-//! completion channel of the worker and wakes the event loop (notify.rs).
+//! Each pool has a crossbeam channel of jobs, bounded at `max_queue`, read
+//! by its threads (threads.rs). Every thread posts completions to the one
+//! completion channel of the worker and wakes the event loop
+//! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
-use crate::notify;
-use crate::task::{RequestTasks, TaskId, Tasks};
-use crate::vm::{self, Outcome, Spec, ThreadVm};
+pub mod tasks;
+mod threads;
+
+use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// A pool thread's stack: the event loop's under Linux's default `ulimit -s`
-/// (Rust's default, 2 MiB, is less), so that code recursing on the C stack,
-/// like PCRE matching without JIT, gets as deep as in the event loop.
-const THREAD_STACK_SIZE: usize = 8 << 20;
-
-/// A task on its way to a pool thread.
-pub struct Job {
-    pub task: TaskId,
-    pub payload: Vec<u8>,
-}
-
-/// A finished task on its way back: the payload now holds the results.
-pub struct Completion {
-    pub task: TaskId,
-    pub payload: Vec<u8>,
-    pub failed: bool,
-}
+use tasks::{RequestTasks, TaskId, Tasks};
+use threads::{thread_main, Completion, Job, THREAD_STACK_SIZE};
 
 struct Pool {
     name: String,
@@ -159,6 +145,11 @@ impl Worker {
     }
 }
 
+/// Takes every completion posted so far (the event loop's wake-up).
+pub fn drain() {
+    with_worker(|w| w.drain());
+}
+
 /// Stops the worker's pools at process exit: queued jobs are dropped,
 /// running ones finish, threads are joined. A task that never returns (a
 /// runaway loop cannot be interrupted) is left behind after `grace`, so exit
@@ -188,115 +179,4 @@ pub fn stop(grace: Duration) {
         }
     }
     worker.tasks.clear();
-}
-
-fn thread_main(
-    spec: Spec,
-    index: usize,
-    jobs: Receiver<Job>,
-    done: Sender<Completion>,
-    stopping: Arc<AtomicBool>,
-) {
-    crate::ngx::os::block_async_signals();
-    crate::ngx::os::lower_priority(PRIORITY_DROP);
-    let log = spec.log;
-    let report = |level, msg: &str| match log {
-        Some(l) => l.write(level, msg.as_bytes()),
-        None => eprintln!("{msg}"),
-    };
-    let build = || {
-        crate::ngx::guard::catch(|| ThreadVm::new(&spec))
-            .and_then(|r| r)
-            .map_err(|e| {
-                report(
-                    crate::ngx::log::NGX_LOG_ERR,
-                    &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool),
-                );
-                format!("thread pool \"{}\" is not usable: {e}", spec.pool)
-            })
-    };
-    let mut vm = build();
-    // Payload bytes handled since the thread last gave memory back.
-    let mut handled = 0;
-    let give_back = |vm: &Result<ThreadVm, String>, handled: &mut usize| {
-        if *handled >= crate::task::LARGE {
-            if let Ok(vm) = vm {
-                vm.collect_garbage();
-            }
-            crate::ngx::os::give_back_free_memory();
-        }
-        *handled = 0;
-    };
-    while let Some(mut job) = next_job(&jobs, || give_back(&vm, &mut handled)) {
-        handled += job.payload.len();
-        if stopping.load(Ordering::Relaxed) {
-            continue;
-        }
-        let outcome = match &vm {
-            Ok(vm) => {
-                crate::ngx::guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
-                    vm::fail(&mut job.payload, &panic);
-                    Outcome::Failed
-                })
-            }
-            Err(msg) => {
-                vm::fail(&mut job.payload, msg);
-                Outcome::Failed
-            }
-        };
-        if let Outcome::Broken(why) = &outcome {
-            report(
-                crate::ngx::log::NGX_LOG_WARN,
-                &format!(
-                    "thread pool \"{}\" thread #{index}: {why}; rebuilding its Lua state",
-                    spec.pool
-                ),
-            );
-            // The old state goes first: its memory is what the new one needs.
-            drop(vm);
-            vm = build();
-        }
-        handled += job.payload.len();
-        if done
-            .send(Completion {
-                task: job.task,
-                payload: job.payload,
-                failed: outcome != Outcome::Done,
-            })
-            .is_err()
-        {
-            break;
-        }
-        notify::wake();
-    }
-}
-
-/// How much lower than the event loop pool threads run (nice). On a loaded
-/// machine the event loop then gets the CPU first when it has work: a
-/// static request waits less behind CPU-heavy tasks, which still get the
-/// rest of the CPU.
-const PRIORITY_DROP: i32 = 5;
-
-/// How long a thread that ran out of jobs polls before it parks. When tasks
-/// come back to back (one caller pushing in a loop), the next one arrives
-/// within microseconds: polling saves the futex wake-up on both sides, which
-/// `make bench` measured at 1.6x the round trips per second at concurrency 1.
-const SPIN: Duration = Duration::from_micros(50);
-
-/// The next job; `idle` runs once before the thread parks.
-fn next_job(jobs: &Receiver<Job>, idle: impl FnOnce()) -> Option<Job> {
-    let start = Instant::now();
-    loop {
-        match jobs.try_recv() {
-            Ok(job) => return Some(job),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < SPIN => {
-                std::hint::spin_loop()
-            }
-            Err(crossbeam_channel::TryRecvError::Empty) => {
-                idle();
-                return jobs.recv().ok();
-            }
-        }
-    }
 }

@@ -6,8 +6,8 @@
 //! only marked, and the completion that arrives later frees it. The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
+use super::with_worker;
 use crate::ngx::lua::Sema;
-use crate::pool::with_worker;
 
 /// A task's handle as the shim holds it: generation << 32 | slot. A stale or
 /// forged handle names no live record and is refused.
