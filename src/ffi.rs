@@ -104,9 +104,9 @@ pub unsafe extern "C" fn ngx_threadpool_push(
             };
             // SAFETY: checked non-null above.
             unsafe { *task = id };
-            // SAFETY: r is the running handler's request; the semaphore
-            // belongs to the task record, which outlives the wait.
             let rc = match w.tasks.sema(id) {
+                // SAFETY: r is the running handler's request; the semaphore
+                // belongs to the task record, which outlives the wait.
                 Some(sema) => unsafe { sema.wait(r, timeout_ms.max(1), err, errlen) },
                 // SAFETY: forwarded from the caller.
                 None => unsafe { set_err(err, errlen, "task has no semaphore") },

@@ -20,6 +20,8 @@
 //! `ngx/notify.rs` (wake) → `worker/tasks.rs` (complete, post the
 //! semaphore) → `ffi.rs` (result).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod codec;
 pub mod conf;
 pub mod conf_block;

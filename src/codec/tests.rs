@@ -124,7 +124,8 @@ fn new_lua() -> mlua::Result<Lua> {
 
 /// `prelude` runs before the codec is required.
 fn new_lua_with(prelude: &str) -> mlua::Result<Lua> {
-    // unsafe_new: the codec needs ffi and string.buffer.
+    // SAFETY: the tests' state needs the ffi library (codec.lua uses it),
+    // as a pool thread's does; it stays on this thread.
     let lua = unsafe { Lua::unsafe_new() };
     let dir = env!("CARGO_MANIFEST_DIR");
     lua.load(format!(
