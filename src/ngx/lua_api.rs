@@ -183,3 +183,14 @@ pub fn inject(lua: &Lua, ngx: &Table, conf: Option<LuaConf>) -> mlua::Result<()>
         })
     }
 }
+
+/// `lua_regex_cache_max_entries` when lua-nginx-module is loaded (in
+/// nginx); None elsewhere (unit tests).
+pub fn regex_cache_max_entries() -> Option<u32> {
+    let f = super::os::global_symbol(c"ngx_http_lua_ffi_max_regex_cache_size")?;
+    // SAFETY: lua-nginx-module's `uint32_t (void)` function; it reads the
+    // cycle's http lua main conf, which is set before the pool threads
+    // start (they start in init_process) and read-only afterwards.
+    let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(f.as_ptr()) };
+    Some(f())
+}
