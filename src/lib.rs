@@ -26,6 +26,7 @@ pub mod codec;
 pub mod conf;
 pub mod conf_block;
 pub mod ffi;
+pub mod lua;
 pub mod ngx;
 pub mod vm;
 pub mod worker;

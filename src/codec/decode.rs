@@ -1,8 +1,9 @@
 //! The decoder: a payload into Lua values of a pool thread's state, built
 //! straight from the msgpack stream on the raw stack (stack.rs).
 
-use super::stack::{build_values, Builder};
+use super::wire::NEST_SLOTS;
 use super::wire::{MAX_DEPTH, MAX_VALUES, NOT_ENOUGH_MEMORY};
+use crate::lua::stack::{build_values, Builder};
 use mlua::{Lua, MultiValue};
 use serde::de::{
     self, Deserialize, DeserializeSeed, Deserializer as _, MapAccess, SeqAccess, Visitor,
@@ -34,7 +35,9 @@ fn decode_inner(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
     if k > n {
         return Err("more values than the count".to_string());
     }
-    build_values(lua, n, |b| decode_entries(b, rd, n, k, bytes.len()))
+    build_values(lua, n, NEST_SLOTS, |b| {
+        decode_entries(b, rd, n, k, bytes.len())
+    })
 }
 
 /// Decodes the `k` map entries left in `rd` into the `n` value slots.

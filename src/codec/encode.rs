@@ -3,10 +3,11 @@
 //! value per element.
 
 use super::message::{escape, format_g14, lua_type_name, size_message, type_name, Ctx, Kind};
-use super::stack::{self, Slot};
 use super::wire::{
-    as_int, bin_header_len, CountingWriter, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NOT_ENOUGH_MEMORY,
+    as_int, bin_header_len, CountingWriter, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
+    NOT_ENOUGH_MEMORY,
 };
+use crate::lua::stack::{self, Slot};
 use mlua::ffi;
 use mlua::{MultiValue, Table, Value};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
@@ -115,19 +116,19 @@ fn serialize_string<S: Serializer>(bytes: &[u8], ctx: &Ctx, s: S) -> Result<S::O
 
 /// Encodes a top-level table: pushes it and walks it on the raw stack.
 fn serialize_table<S: Serializer>(t: &Table, ctx: &Ctx, s: S) -> Result<S::Ok, S::Error> {
-    match stack::walk_table(t, ctx, |table| table.serialize(s)) {
+    match stack::walk_table(t, NEST_SLOTS, ctx, |table| table.serialize(s)) {
         Ok(res) => res,
         Err(msg) => Err(ctx.fail(Kind::Lua(msg))),
     }
 }
 
-impl Serialize for Slot<'_, '_> {
+impl Serialize for Slot<'_, Ctx<'_>> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.serialize_as(self.lua_type(), s)
     }
 }
 
-impl Slot<'_, '_> {
+impl Slot<'_, Ctx<'_>> {
     /// Serializes the value, whose `lua_type` is `ty`.
     fn serialize_as<S: Serializer>(&self, ty: c_int, s: S) -> Result<S::Ok, S::Error> {
         match ty {
@@ -248,7 +249,7 @@ impl Slot<'_, '_> {
 }
 
 /// A table key being encoded.
-struct Key<'s, 'a, 'c>(&'s Slot<'a, 'c>);
+struct Key<'s, 'a, 'c>(&'s Slot<'a, Ctx<'c>>);
 
 impl Serialize for Key<'_, '_, '_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

@@ -55,7 +55,6 @@
 mod decode;
 mod encode;
 mod message;
-mod stack;
 mod wire;
 
 pub use decode::decode_values;

@@ -124,9 +124,8 @@ fn new_lua() -> mlua::Result<Lua> {
 
 /// `prelude` runs before the codec is required.
 fn new_lua_with(prelude: &str) -> mlua::Result<Lua> {
-    // SAFETY: the tests' state needs the ffi library (codec.lua uses it),
-    // as a pool thread's does; it stays on this thread.
-    let lua = unsafe { Lua::unsafe_new() };
+    // codec.lua needs the ffi library, as a pool thread's state has it
+    let lua = crate::lua::scratch_state();
     let dir = env!("CARGO_MANIFEST_DIR");
     lua.load(format!(
         "package.path = [[{dir}/lua/?.lua;]] .. package.path"

@@ -15,8 +15,7 @@ pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 /// about 8000 values at once, so this leaves room and bounds what a count in
 /// a corrupt payload can make the decoder allocate.
 pub const MAX_VALUES: usize = 4096;
-/// LuaJIT's own message for a failed allocation, used for ours too.
-pub const NOT_ENOUGH_MEMORY: &str = "not enough memory";
+pub use crate::lua::NOT_ENOUGH_MEMORY;
 
 const TWO63: f64 = 9_223_372_036_854_775_808.0;
 

@@ -1,7 +1,6 @@
 //! A pool thread's Lua state: built once when the thread starts, then fed
 //! one task at a time.
 
-mod alloc;
 pub mod chunk;
 mod ngx_api;
 mod ngx_re;
@@ -32,14 +31,14 @@ pub struct ThreadVm {
     call: Function,
     /// collectgarbage() under protect.lua.
     collect: Function,
-    allocator: alloc::Swapped,
+    allocator: crate::lua::Allocator,
     pool: String,
     log: Option<Log>,
 }
 
 impl Drop for ThreadVm {
     fn drop(&mut self) {
-        alloc::restore(&self.lua, &self.allocator);
+        crate::lua::restore_allocator(&self.lua, &self.allocator);
     }
 }
 
@@ -60,12 +59,7 @@ impl ThreadVm {
     /// Builds the state: standard libraries (with ffi and jit), package
     /// paths, the `ngx` table, the init chunk, then the handler.
     pub fn new(spec: &Spec) -> Result<ThreadVm, String> {
-        // SAFETY: unsafe_new only adds the ffi library, which pool code uses
-        // as event-loop code does; the state never leaves this thread.
-        let lua = unsafe { Lua::unsafe_new() };
-        // Before anything can leave garbage behind: see protect.lua.
-        lua.gc_stop();
-        let allocator = alloc::install(&lua).map_err(|e| error_text(&e))?;
+        let (lua, allocator) = crate::lua::new_thread_state().map_err(|e| error_text(&e))?;
         let setup = || -> Result<(Function, Function), String> {
             let package: mlua::Table = lua.globals().get("package").map_err(|e| error_text(&e))?;
             for (key, value) in [("path", &spec.package_path), ("cpath", &spec.package_cpath)] {
@@ -123,7 +117,7 @@ impl ThreadVm {
                 log: spec.log,
             }),
             Err(e) => {
-                alloc::restore(&lua, &allocator);
+                crate::lua::restore_allocator(&lua, &allocator);
                 Err(e)
             }
         }

@@ -54,8 +54,8 @@ mod tests {
 
     #[test]
     fn matches_outside_nginx() {
-        // SAFETY: ffi is needed by ngx_re.lua, as in a pool thread.
-        let lua = unsafe { Lua::unsafe_new() };
+        // ffi is needed by ngx_re.lua, as in a pool thread
+        let lua = crate::lua::scratch_state();
         let ngx = lua.create_table().unwrap();
         install(&lua, &ngx, 0).unwrap();
         lua.globals().set("ngx", ngx).unwrap();

@@ -1,23 +1,24 @@
-//! The codec's raw Lua stack layer: the one place where it calls the Lua C
-//! API. The encoder walks tables through `Slot`, the decoder builds values
-//! through `Builder`; both run inside `Lua::exec_raw`, a protected call, so
-//! a Lua error raised here (only out of memory: a pool thread's collector
-//! does not run outside its protected calls, see vm/protect.lua) unwinds to
+//! Walking and building Lua values on the raw stack, for the codec: the
+//! encoder walks tables through `Slot`, the decoder builds values through
+//! `Builder`. Both run inside `Lua::exec_raw`, a protected call, so a Lua
+//! error raised here (only out of memory: a pool thread's collector does
+//! not run outside its protected calls, see vm/protect.lua) unwinds to
 //! exec_raw across these frames, which own nothing that needs dropping.
 
-use super::message::Ctx;
-use super::wire::{NEST_SLOTS, NOT_ENOUGH_MEMORY};
+use super::NOT_ENOUGH_MEMORY;
 use mlua::ffi::{self, lua_State};
 use mlua::{Lua, MultiValue, Table};
 use std::ffi::{c_int, c_void};
 
-/// Runs `walk` on the table `t` pushed on the raw stack, with NEST_SLOTS
-/// slots reserved above it; an error if the stack cannot grow (a Lua
-/// error, out of memory).
-pub(super) fn walk_table<'c, R>(
+/// Runs `walk` on the table `t` pushed on the raw stack, with `slots`
+/// slots reserved above it (enough for the deepest walk); an error if the
+/// stack cannot grow (a Lua error, out of memory). `ctx` rides along in
+/// every Slot, for the walker's own use.
+pub fn walk_table<C, R>(
     t: &Table,
-    ctx: &Ctx<'c>,
-    walk: impl FnOnce(Slot<'_, 'c>) -> R,
+    slots: c_int,
+    ctx: &C,
+    walk: impl FnOnce(Slot<'_, C>) -> R,
 ) -> Result<R, String> {
     let Some(lua) = t.weak_lua().try_upgrade() else {
         return Err("Lua state is closed".to_string());
@@ -32,7 +33,7 @@ pub(super) fn walk_table<'c, R>(
     // allocates or raises.
     let run = unsafe {
         lua.exec_raw::<()>(t, |l| {
-            res = Some(if ffi::lua_checkstack(l, NEST_SLOTS) == 0 {
+            res = Some(if ffi::lua_checkstack(l, slots) == 0 {
                 Err("Lua stack overflow".to_string())
             } else {
                 Ok(walk(Slot {
@@ -54,36 +55,44 @@ pub(super) fn walk_table<'c, R>(
 /// A value on the Lua stack of a running `exec_raw` closure, at absolute
 /// index `idx`.  A walk makes the slots of a table's keys and values once and
 /// reads them after each `next` or push, so a Slot is only read while its
-/// value is there.  The closure reserved NEST_SLOTS slots above the
-/// top-level table, enough for the deepest walk the depth limit allows.
-#[derive(Clone, Copy)]
-pub(super) struct Slot<'a, 'c> {
+/// value is there.  The closure reserved enough slots above the top-level
+/// table for the deepest walk (see walk_table).
+pub struct Slot<'a, C> {
     l: *mut lua_State,
-    pub(super) idx: c_int,
+    pub idx: c_int,
     /// Number of tables enclosing the value.
-    pub(super) depth: usize,
-    pub(super) ctx: &'a Ctx<'c>,
+    pub depth: usize,
+    pub ctx: &'a C,
 }
 
-impl<'a, 'c> Slot<'a, 'c> {
-    pub(super) fn lua_type(&self) -> c_int {
+// Copy whatever C is: a Slot only holds a reference to it.
+impl<C> Clone for Slot<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Slot<'_, C> {}
+
+impl<'a, C> Slot<'a, C> {
+    pub fn lua_type(&self) -> c_int {
         // SAFETY: `l` and `idx` are valid (Slot's invariant).
         unsafe { ffi::lua_type(self.l, self.idx) }
     }
 
-    pub(super) fn boolean(&self) -> bool {
+    pub fn boolean(&self) -> bool {
         // SAFETY: as in lua_type.
         unsafe { ffi::lua_toboolean(self.l, self.idx) != 0 }
     }
 
     /// The number, for a number value (other types would be converted).
-    pub(super) fn number(&self) -> f64 {
+    pub fn number(&self) -> f64 {
         // SAFETY: as in lua_type.
         unsafe { ffi::lua_tonumber(self.l, self.idx) }
     }
 
     /// The bytes of a string value.
-    pub(super) fn bytes(&self) -> &[u8] {
+    pub fn bytes(&self) -> &[u8] {
         let mut len = 0;
         // SAFETY: as in lua_type; for a string value lua_tolstring neither
         // converts nor allocates, and the string stays on the stack while
@@ -94,24 +103,24 @@ impl<'a, 'c> Slot<'a, 'c> {
         }
     }
 
-    pub(super) fn pointer(&self) -> *const c_void {
+    pub fn pointer(&self) -> *const c_void {
         // SAFETY: as in lua_type.
         unsafe { ffi::lua_topointer(self.l, self.idx) }
     }
 
-    pub(super) fn is_null(&self) -> bool {
+    pub fn is_null(&self) -> bool {
         // SAFETY: as in lua_type.
         unsafe { ffi::lua_touserdata(self.l, self.idx).is_null() }
     }
 
     /// The index of the top of the stack.
-    pub(super) fn top(&self) -> c_int {
+    pub fn top(&self) -> c_int {
         // SAFETY: `l` is valid (Slot's invariant).
         unsafe { ffi::lua_gettop(self.l) }
     }
 
     /// The value at `idx`, inside this table.
-    pub(super) fn at(&self, idx: c_int, depth: usize) -> Slot<'a, 'c> {
+    pub fn at(&self, idx: c_int, depth: usize) -> Slot<'a, C> {
         Slot {
             idx,
             depth,
@@ -120,27 +129,27 @@ impl<'a, 'c> Slot<'a, 'c> {
     }
 
     /// Pops everything above `idx`.
-    pub(super) fn pop_to(&self, idx: c_int) {
+    pub fn pop_to(&self, idx: c_int) {
         // SAFETY: `l` is valid; callers only pop what they pushed.
         unsafe { ffi::lua_settop(self.l, idx) }
     }
 
     /// Pushes `t[i]` of this table (no metamethods).
-    pub(super) fn push_index(&self, i: c_int) {
+    pub fn push_index(&self, i: c_int) {
         // SAFETY: `l`/`idx` are valid and `idx` holds a table; a slot is
-        // reserved (NEST_SLOTS).  lua_rawgeti does not allocate.
+        // reserved (walk_table).  lua_rawgeti does not allocate.
         unsafe { ffi::lua_rawgeti_(self.l, self.idx, i) }
     }
 
     /// Starts iterating this table: pushes the nil first key for `next`.
-    pub(super) fn start_pairs(&self) {
-        // SAFETY: `l` is valid; a slot is reserved (NEST_SLOTS).
+    pub fn start_pairs(&self) {
+        // SAFETY: `l` is valid; a slot is reserved (walk_table).
         unsafe { ffi::lua_pushnil(self.l) }
     }
 
     /// Replaces the key on top with the next key and value of this table;
     /// false (and the key popped) at the end.
-    pub(super) fn next(&self) -> bool {
+    pub fn next(&self) -> bool {
         // SAFETY: `idx` holds a table and a key of it (or the starting nil)
         // is on top, as lua_next requires; one more slot is reserved.  No
         // table is modified during the walk, so the key is always valid and
@@ -150,10 +159,9 @@ impl<'a, 'c> Slot<'a, 'c> {
 }
 
 /// Builds decoded values on the raw stack of a running `exec_raw` closure
-/// (see `build_values`). Every push has a reserved slot: NEST_SLOTS above
-/// the value being built, enough for the deepest nesting the decoder's
-/// depth check allows.
-pub(super) struct Builder {
+/// (see `build_values`). Every push has a reserved slot: `slots` above the
+/// value being built, enough for the deepest nesting the decoder allows.
+pub struct Builder {
     l: *mut lua_State,
     /// The stack top below the values.
     base: c_int,
@@ -161,22 +169,22 @@ pub(super) struct Builder {
 
 impl Builder {
     /// Pushes ngx.null (the NULL light userdata).
-    pub(super) fn push_null(&self) {
+    pub fn push_null(&self) {
         // SAFETY: a reserved slot (Builder's invariant).
         unsafe { ffi::lua_pushlightuserdata(self.l, std::ptr::null_mut()) }
     }
 
-    pub(super) fn push_bool(&self, b: bool) {
+    pub fn push_bool(&self, b: bool) {
         // SAFETY: a reserved slot.
         unsafe { ffi::lua_pushboolean(self.l, c_int::from(b)) }
     }
 
-    pub(super) fn push_number(&self, f: f64) {
+    pub fn push_number(&self, f: f64) {
         // SAFETY: a reserved slot.
         unsafe { ffi::lua_pushnumber(self.l, f) }
     }
 
-    pub(super) fn push_bytes(&self, b: &[u8]) {
+    pub fn push_bytes(&self, b: &[u8]) {
         // SAFETY: a reserved slot; may raise only out of memory (see the
         // module comment).  LuaJIT copies the bytes and reads none when the
         // length is 0 (the pointer is then dangling but non-null).  The raw
@@ -186,7 +194,7 @@ impl Builder {
 
     /// Pushes a new table with room for `narr` array and `nrec` hash
     /// items; returns its stack index.
-    pub(super) fn push_table(&self, narr: c_int, nrec: c_int) -> c_int {
+    pub fn push_table(&self, narr: c_int, nrec: c_int) -> c_int {
         // SAFETY: a reserved slot; may raise only out of memory or on a huge
         // size (see the module comment).
         unsafe {
@@ -196,7 +204,7 @@ impl Builder {
     }
 
     /// Pops the value on top into `t[i]` (the table at stack index `t`).
-    pub(super) fn set_index(&self, t: c_int, i: c_int) {
+    pub fn set_index(&self, t: c_int, i: c_int) {
         // SAFETY: the table is at `t` (from push_table) and the element on
         // top of it; lua_rawseti may raise only out of memory.
         unsafe { ffi::lua_rawseti_(self.l, t, i) }
@@ -204,7 +212,7 @@ impl Builder {
 
     /// Pops the key and value on top into the table at stack index `t`.
     /// The key must be neither nil nor NaN (the decoder checks).
-    pub(super) fn set_field(&self, t: c_int) {
+    pub fn set_field(&self, t: c_int) {
         // SAFETY: the table is at `t`, key and value on top of it, the key
         // valid, so lua_rawset may raise only out of memory.
         unsafe { ffi::lua_rawset(self.l, t) }
@@ -212,18 +220,20 @@ impl Builder {
 
     /// Pops the value on top into value slot `pos` (1-based, at most the
     /// `n` of build_values).
-    pub(super) fn place(&self, pos: usize) {
+    pub fn place(&self, pos: usize) {
         // SAFETY: the value is on top and its slot below it (pos <= n).
         unsafe { ffi::lua_replace(self.l, self.base + pos as c_int) }
     }
 }
 
-/// Runs `build` with `n` nil values on the stack of `lua` (and NEST_SLOTS
-/// free above them), and returns the values it leaves there. An error from
-/// `build` or a Lua error (out of memory) returns no value.
-pub(super) fn build_values(
+/// Runs `build` with `n` nil values on the stack of `lua` (and `slots`
+/// free above them, enough for the deepest value), and returns the values
+/// it leaves there. An error from `build` or a Lua error (out of memory)
+/// returns no value.
+pub fn build_values(
     lua: &Lua,
     n: usize,
+    slots: c_int,
     build: impl FnOnce(&Builder) -> Result<(), String>,
 ) -> Result<MultiValue, String> {
     let mut res = Ok(());
@@ -234,7 +244,7 @@ pub(super) fn build_values(
     let values = unsafe {
         lua.exec_raw::<MultiValue>((), |l| {
             let base = ffi::lua_gettop(l);
-            if ffi::lua_checkstack(l, n as c_int + NEST_SLOTS) == 0 {
+            if ffi::lua_checkstack(l, n as c_int + slots) == 0 {
                 res = Err("Lua stack overflow".to_string());
                 return;
             }
