@@ -4,9 +4,10 @@
 //! caller's buffer.
 
 use crate::ngx::guard::no_unwind;
+use crate::ngx::log;
 use crate::ngx::sys;
 use crate::worker::tasks::{RequestTasks, TaskId, KEEP};
-use crate::worker::{with_worker, PushError};
+use crate::worker::{with_worker, WorkerError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
@@ -98,9 +99,9 @@ pub unsafe extern "C" fn ngx_threadpool_push(
             // that pool is destroyed.
             let id = match unsafe { w.push(pool as usize, owner, args) } {
                 Ok(id) => id,
-                Err(PushError::Full) => return DECLINED,
+                Err(WorkerError::QueueFull) => return DECLINED,
                 // SAFETY: forwarded from the caller.
-                Err(PushError::Other(msg)) => return unsafe { set_err(err, errlen, &msg) },
+                Err(e) => return unsafe { set_err(err, errlen, &e.to_string()) },
             };
             // SAFETY: checked non-null above.
             unsafe { *task = id };
@@ -140,6 +141,10 @@ pub unsafe extern "C" fn ngx_threadpool_result(
             let Some((payload, failed)) = w.tasks.take_result(task) else {
                 return ERROR;
             };
+            log::debug(format_args!(
+                "task {task:#x} resumed, {} bytes of results",
+                payload.len()
+            ));
             let old = std::mem::replace(&mut w.last_result, payload);
             w.tasks.recycle(old);
             // SAFETY: the caller vouches for data/len; last_result stays
@@ -178,6 +183,7 @@ pub extern "C" fn ngx_threadpool_result_done() {
 pub extern "C" fn ngx_threadpool_release(task: TaskId) {
     no_unwind("release", (), || {
         with_worker(|w| {
+            log::debug(format_args!("task {task:#x} released by its caller"));
             if let Some(buf) = w.tasks.release(task) {
                 w.tasks.recycle(buf);
             }

@@ -25,6 +25,7 @@
 pub mod codec;
 pub mod conf;
 pub mod conf_block;
+mod conf_error;
 pub mod ffi;
 pub mod lua;
 pub mod ngx;
@@ -136,7 +137,7 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
         match conf.resolve(&aio) {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
-                ngx::log::cycle_emerg(&format!("ngx_threadpool: {msg}"));
+                ngx::log::message(ngx::log::NGX_LOG_EMERG, format_args!("{msg}"));
                 sys::NGX_ERROR as sys::ngx_int_t
             }
         }
@@ -185,12 +186,14 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                 Ok((spec, p.threads, p.max_queue))
             })
             .collect();
-        match specs.and_then(|specs| {
-            ngx::notify::install(worker::drain).and_then(|()| worker::Worker::start(specs))
-        }) {
+        let started = specs.and_then(|specs| {
+            ngx::notify::install(worker::drain)?;
+            worker::Worker::start(specs).map_err(|e| e.to_string())
+        });
+        match started {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
-                ngx::log::cycle_error(&format!("ngx_threadpool: {msg}"));
+                ngx::log::message(ngx::log::NGX_LOG_EMERG, format_args!("{msg}"));
                 sys::NGX_ERROR as sys::ngx_int_t
             }
         }

@@ -177,10 +177,11 @@ impl ThreadVm {
         if let Ok(mut out) = self.collect.call::<MultiValue>(()) {
             if !matches!(out.pop_front(), Some(Value::Boolean(true))) {
                 let err = error_value_text(out.pop_front().unwrap_or(Value::Nil));
-                let msg = format!("thread pool \"{}\": error between tasks: {err}", self.pool);
+                let args =
+                    format_args!("thread pool \"{}\": error between tasks: {err}", self.pool);
                 match self.log {
-                    Some(log) => log.write(crate::ngx::log::NGX_LOG_WARN, msg.as_bytes()),
-                    None => eprintln!("{msg}"),
+                    Some(log) => log.message(crate::ngx::log::NGX_LOG_WARN, args),
+                    None => eprintln!("{}{args}", crate::ngx::log::PREFIX),
                 }
             }
         }

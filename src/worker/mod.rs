@@ -6,9 +6,13 @@
 //! completion channel of the worker and wakes the event loop
 //! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
+mod error;
 pub mod tasks;
 mod threads;
 
+pub use error::WorkerError;
+
+use crate::ngx::log;
 use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
@@ -52,16 +56,10 @@ pub fn with_worker<R>(f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
     WORKER.with(|w| w.try_borrow_mut().ok()?.as_mut().map(f))
 }
 
-/// Why a push did not queue the task.
-pub enum PushError {
-    Full,
-    Other(String),
-}
-
 impl Worker {
     /// Starts the threads of every pool; `specs` pairs each pool's spec
     /// with its (threads, max_queue).
-    pub fn start(specs: Vec<(Spec, usize, usize)>) -> Result<(), String> {
+    pub fn start(specs: Vec<(Spec, usize, usize)>) -> Result<(), WorkerError> {
         let (done_tx, done_rx) = unbounded();
         let stopping = Arc::new(AtomicBool::new(false));
         let mut pools = Vec::with_capacity(specs.len());
@@ -75,11 +73,19 @@ impl Worker {
                     .name(format!("tp {}", spec.pool))
                     .stack_size(THREAD_STACK_SIZE)
                     .spawn(move || thread_main(thread_spec, i, rx, done, stopping))
-                    .map_err(|e| {
-                        format!("thread pool \"{}\": cannot start a thread: {e}", spec.pool)
+                    .map_err(|err| WorkerError::ThreadSpawn {
+                        pool: spec.pool.clone(),
+                        err,
                     })?;
                 handles.push(handle);
             }
+            log::message(
+                log::NGX_LOG_NOTICE,
+                format_args!(
+                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}",
+                    spec.pool
+                ),
+            );
             pools.push(Pool {
                 name: spec.pool,
                 max_queue,
@@ -107,22 +113,20 @@ impl Worker {
         pool: usize,
         owner: *mut RequestTasks,
         args: &[u8],
-    ) -> Result<TaskId, PushError> {
-        let pool = self
-            .pools
-            .get(pool)
-            .ok_or_else(|| PushError::Other("no such thread pool".into()))?;
-        let jobs = pool
-            .jobs
-            .as_ref()
-            .ok_or_else(|| PushError::Other("thread pool is stopped".into()))?;
+    ) -> Result<TaskId, WorkerError> {
+        let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
+        let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
         if jobs.len() >= pool.max_queue {
-            return Err(PushError::Full);
+            return Err(WorkerError::QueueFull);
         }
-        // SAFETY: forwarded from the caller.
-        let task = unsafe { self.tasks.start(owner) }.map_err(PushError::Other)?;
         let mut payload = self.tasks.buffer();
+        // The size comes from the caller's values: fail, do not abort.
+        if payload.try_reserve(args.len()).is_err() {
+            return Err(WorkerError::NoMemory);
+        }
         payload.extend_from_slice(args);
+        // SAFETY: forwarded from the caller.
+        let task = unsafe { self.tasks.start(owner) }?;
         if let Err(e) = jobs.send(Job { task, payload }) {
             // Every thread is gone: abandon, then complete, which frees the
             // record at once.
@@ -130,8 +134,13 @@ impl Worker {
             if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
                 self.tasks.recycle(buf);
             }
-            return Err(PushError::Other("thread pool is stopped".into()));
+            return Err(WorkerError::Stopped);
         }
+        log::debug(format_args!(
+            "task {task:#x} queued for thread pool \"{}\", {} bytes",
+            pool.name,
+            args.len()
+        ));
         Ok(task)
     }
 
@@ -171,12 +180,21 @@ pub fn stop(grace: Duration) {
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                crate::ngx::log::cycle_error(&format!(
-                    "thread pool \"{}\": a task is still running at exit, leaving its thread",
-                    p.name
-                ));
+                log::message(
+                    log::NGX_LOG_WARN,
+                    format_args!(
+                        "thread pool \"{}\": a task is still running at exit, leaving its thread",
+                        p.name
+                    ),
+                );
             }
         }
+    }
+    for p in &worker.pools {
+        log::message(
+            log::NGX_LOG_NOTICE,
+            format_args!("thread pool \"{}\": stopped", p.name),
+        );
     }
     worker.tasks.clear();
 }

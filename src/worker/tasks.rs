@@ -6,7 +6,8 @@
 //! only marked, and the completion that arrives later frees it. The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
-use super::with_worker;
+use super::{with_worker, WorkerError};
+use crate::ngx::log;
 use crate::ngx::lua::Sema;
 
 /// A task's handle as the shim holds it: generation << 32 | slot. A stale or
@@ -108,12 +109,11 @@ impl Tasks {
     ///
     /// # Safety
     /// `owner` must be live until it is dropped, which unlinks its records.
-    pub unsafe fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, String> {
+    pub unsafe fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i =
-                    u32::try_from(self.slots.len()).map_err(|_| "too many tasks".to_string())?;
+                let i = u32::try_from(self.slots.len()).map_err(|_| WorkerError::TooManyTasks)?;
                 self.slots.push(Slot {
                     gen: 1,
                     state: State::Free,
@@ -134,7 +134,7 @@ impl Tasks {
                 Ok(s) => slot.sema = Some(s),
                 Err(e) => {
                     self.free.push(index);
-                    return Err(e);
+                    return Err(WorkerError::Semaphore(e));
                 }
             }
         }
@@ -188,10 +188,14 @@ impl Tasks {
                     sema.post();
                     slot.sema_posted = true;
                 }
+                log::debug(format_args!("task {id:#x} done, resuming its caller"));
                 Some(old)
             }
             State::Abandoned => {
                 self.release_index(index);
+                log::debug(format_args!(
+                    "task {id:#x} done, dropped: its caller is gone"
+                ));
                 Some(payload)
             }
             State::Free | State::Done => Some(payload),

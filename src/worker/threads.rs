@@ -2,7 +2,7 @@
 //! how it goes idle.
 
 use super::tasks::{TaskId, LARGE};
-use crate::ngx::{notify, os};
+use crate::ngx::{guard, log, notify, os};
 use crate::vm::{self, Outcome, Spec, ThreadVm};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,20 +36,26 @@ pub(super) fn thread_main(
 ) {
     os::block_async_signals();
     os::lower_priority(PRIORITY_DROP);
-    let log = spec.log;
-    let report = |level, msg: &str| match log {
-        Some(l) => l.write(level, msg.as_bytes()),
-        None => eprintln!("{msg}"),
+    let pool = &spec.pool;
+    // nginx's own thread pools log from their threads the same way.
+    let report = |level, args: std::fmt::Arguments| match spec.log {
+        Some(l) => l.message(level, args),
+        None => eprintln!("{}{args}", log::PREFIX),
+    };
+    let debug = |args: std::fmt::Arguments| {
+        if let Some(l) = spec.log {
+            l.debug(args);
+        }
     };
     let build = || {
-        crate::ngx::guard::catch(|| ThreadVm::new(&spec))
+        guard::catch(|| ThreadVm::new(&spec))
             .and_then(|r| r)
             .map_err(|e| {
                 report(
-                    crate::ngx::log::NGX_LOG_ERR,
-                    &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool),
+                    log::NGX_LOG_ERR,
+                    format_args!("thread pool \"{pool}\" thread #{index}: {e}"),
                 );
-                format!("thread pool \"{}\" is not usable: {e}", spec.pool)
+                format!("thread pool \"{pool}\" is not usable: {e}")
             })
     };
     let mut vm = build();
@@ -69,24 +75,30 @@ pub(super) fn thread_main(
         if stopping.load(Ordering::Relaxed) {
             continue;
         }
+        debug(format_args!(
+            "task {:#x} started in thread pool \"{pool}\" thread #{index}",
+            job.task
+        ));
         let outcome = match &vm {
-            Ok(vm) => {
-                crate::ngx::guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
-                    vm::fail(&mut job.payload, &panic);
-                    Outcome::Failed
-                })
-            }
+            Ok(vm) => guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
+                vm::fail(&mut job.payload, &panic);
+                Outcome::Failed
+            }),
             Err(msg) => {
                 vm::fail(&mut job.payload, msg);
                 Outcome::Failed
             }
         };
+        debug(format_args!(
+            "task {:#x} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
+            job.task,
+            job.payload.len()
+        ));
         if let Outcome::Broken(why) = &outcome {
             report(
-                crate::ngx::log::NGX_LOG_WARN,
-                &format!(
-                    "thread pool \"{}\" thread #{index}: {why}; rebuilding its Lua state",
-                    spec.pool
+                log::NGX_LOG_WARN,
+                format_args!(
+                    "thread pool \"{pool}\" thread #{index}: {why}; rebuilding its Lua state"
                 ),
             );
             // The old state goes first: its memory is what the new one needs.
