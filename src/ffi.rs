@@ -5,6 +5,7 @@
 
 use crate::ngx::guard::no_unwind;
 use crate::ngx::log;
+use crate::ngx::shim::{self, ErrOut, Out, Request};
 use crate::ngx::sys;
 use crate::worker::tasks::{RequestTasks, TaskId, KEEP};
 use crate::worker::{with_worker, WorkerError};
@@ -19,19 +20,9 @@ pub const AGAIN: c_int = -2;
 pub const DECLINED: c_int = -5;
 pub const BAD_CONTEXT: c_int = -101;
 
-/// Writes `msg` into the caller's error buffer (truncating).
-///
-/// # Safety
-/// `err` must hold `*errlen` writable bytes.
-unsafe fn set_err(err: *mut u8, errlen: *mut usize, msg: &str) -> c_int {
-    if !err.is_null() && !errlen.is_null() {
-        // SAFETY: the caller vouches for err and errlen.
-        unsafe {
-            let n = msg.len().min(*errlen);
-            std::ptr::copy_nonoverlapping(msg.as_ptr(), err, n);
-            *errlen = n;
-        }
-    }
+/// Writes `msg` to the caller's error buffer: the ERROR return.
+fn fail(err: &ErrOut, msg: &str) -> c_int {
+    err.set(msg);
     ERROR
 }
 
@@ -49,10 +40,14 @@ pub extern "C" fn ngx_threadpool_api_version() -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> c_int {
     no_unwind("pool_id", -1, || {
-        // SAFETY: the caller vouches for name/len.
-        let name = unsafe { std::slice::from_raw_parts(name, len) };
-        // SAFETY: ngx_cycle is the running cycle, configured.
-        let conf = unsafe { crate::conf::main_conf(sys::ngx_cycle) };
+        // SAFETY: the caller vouches for name/len; ngx_cycle is the running,
+        // configured cycle.
+        let (name, conf) = unsafe {
+            (
+                shim::bytes(name, len),
+                crate::conf::main_conf(sys::ngx_cycle),
+            )
+        };
         conf.and_then(|c| c.pools.iter().position(|p| p.name.as_bytes() == name))
             .map_or(-1, |id| id as c_int)
     })
@@ -79,38 +74,39 @@ pub unsafe extern "C" fn ngx_threadpool_push(
     errlen: *mut usize,
 ) -> c_int {
     no_unwind("push", ERROR, || {
-        if r.is_null() || task.is_null() {
-            // SAFETY: forwarded from the caller.
-            return unsafe { set_err(err, errlen, "no request") };
-        }
-        // SAFETY: r is the live request of the running handler.
-        if !unsafe { crate::ngx::lua::may_yield(r) } {
+        // SAFETY: the caller vouches for each (see above).
+        let (r, args, task, err) = unsafe {
+            (
+                Request::from_raw(r),
+                shim::bytes(data, len),
+                Out::new(task),
+                ErrOut::new(err, errlen),
+            )
+        };
+        let (Some(r), Some(task)) = (r, task) else {
+            return fail(&err, "no request");
+        };
+        if !r.may_yield() {
             return BAD_CONTEXT;
         }
-        // SAFETY: as above.
-        let Some(owner) = (unsafe { request_tasks(r) }) else {
-            // SAFETY: forwarded from the caller.
-            return unsafe { set_err(err, errlen, "no memory") };
+        // SAFETY: this module keeps only its RequestTasks in the slot.
+        let Some(owner) = (unsafe { r.module_ctx::<RequestTasks>() }) else {
+            return fail(&err, "no memory");
         };
-        // SAFETY: the caller vouches for data/len.
-        let args = unsafe { std::slice::from_raw_parts(data, len) };
         let rc = with_worker(|w| {
             // SAFETY: owner lives in r->pool and unlinks its records when
             // that pool is destroyed.
-            let id = match unsafe { w.push(pool as usize, owner, args) } {
+            let id = match unsafe { w.push(pool as usize, owner.as_ptr(), args) } {
                 Ok(id) => id,
                 Err(WorkerError::QueueFull) => return DECLINED,
-                // SAFETY: forwarded from the caller.
-                Err(e) => return unsafe { set_err(err, errlen, &e.to_string()) },
+                Err(e) => return fail(&err, &e.to_string()),
             };
-            // SAFETY: checked non-null above.
-            unsafe { *task = id };
+            task.set(id);
+            // The semaphore belongs to the task record, which outlives the
+            // wait.
             let rc = match w.tasks.sema(id) {
-                // SAFETY: r is the running handler's request; the semaphore
-                // belongs to the task record, which outlives the wait.
-                Some(sema) => unsafe { sema.wait(r, timeout_ms.max(1), err, errlen) },
-                // SAFETY: forwarded from the caller.
-                None => unsafe { set_err(err, errlen, "task has no semaphore") },
+                Some(sema) => shim::wait(sema, &r, timeout_ms.max(1), &err),
+                None => fail(&err, "task has no semaphore"),
             };
             if rc == ERROR {
                 // Not waiting after all: the task runs for no one.
@@ -118,8 +114,7 @@ pub unsafe extern "C" fn ngx_threadpool_push(
             }
             rc
         });
-        // SAFETY: forwarded from the caller.
-        rc.unwrap_or_else(|| unsafe { set_err(err, errlen, "not in a worker process") })
+        rc.unwrap_or_else(|| fail(&err, "not in a worker process"))
     })
 }
 
@@ -137,6 +132,11 @@ pub unsafe extern "C" fn ngx_threadpool_result(
     len: *mut usize,
 ) -> c_int {
     no_unwind("result", ERROR, || {
+        // SAFETY: the caller vouches for data and len.
+        let (data, len) = unsafe { (Out::new(data), Out::new(len)) };
+        let (Some(data), Some(len)) = (data, len) else {
+            return ERROR;
+        };
         with_worker(|w| {
             let Some((payload, failed)) = w.tasks.take_result(task) else {
                 return ERROR;
@@ -147,12 +147,9 @@ pub unsafe extern "C" fn ngx_threadpool_result(
             ));
             let old = std::mem::replace(&mut w.last_result, payload);
             w.tasks.recycle(old);
-            // SAFETY: the caller vouches for data/len; last_result stays
-            // put until the next result.
-            unsafe {
-                *data = w.last_result.as_ptr();
-                *len = w.last_result.len();
-            }
+            // last_result stays put until the next result
+            data.set(w.last_result.as_ptr());
+            len.set(w.last_result.len());
             if failed {
                 DECLINED
             } else {
@@ -189,23 +186,4 @@ pub extern "C" fn ngx_threadpool_release(task: TaskId) {
             }
         });
     })
-}
-
-/// The request's task list, created with a pool cleanup on first use.
-///
-/// # Safety
-/// `r` must be a live request, on the event-loop thread.
-unsafe fn request_tasks(r: *mut sys::ngx_http_request_t) -> Option<*mut RequestTasks> {
-    // SAFETY: r->ctx has a slot per http module; ours holds the list
-    // allocated in r->pool (reset by an internal redirect, which only means
-    // a second list: the first is still released with the pool).
-    unsafe {
-        let slot = (*r).ctx.add(crate::ngx::module::own_ctx_index());
-        if !(*slot).is_null() {
-            return Some((*slot).cast());
-        }
-        let list = crate::ngx::pool::adopt((*r).pool, RequestTasks::default())?;
-        *slot = list.as_ptr().cast();
-        Some(list.as_ptr())
-    }
 }

@@ -43,8 +43,9 @@ void ngx_threadpool_result_done(void);
 
 local API_VERSION = 3
 -- Payloads larger than this are freed as soon as they are used (smaller
--- buffers are reused).
-local LARGE_PAYLOAD = 65536
+-- buffers are reused: fresh pages cost more than the copies). From this
+-- size the C library maps a block on its own anyway (ngx/os.rs).
+local LARGE_PAYLOAD = 4 * 1024 * 1024
 local FFI_OK = 0
 local FFI_ERROR = -1
 local FFI_AGAIN = -2

@@ -14,6 +14,7 @@ pub mod module;
 pub mod notify;
 pub mod os;
 pub mod pool;
+pub mod shim;
 pub mod thread_pool;
 
 pub use bindings as sys;

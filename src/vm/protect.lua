@@ -9,6 +9,7 @@
 -- every finalizer runs, and every error it raises is caught, here.
 local pcall = pcall
 local collectgarbage = collectgarbage
+local floor = math.floor
 
 local OOM = "not enough memory"
 
@@ -31,14 +32,15 @@ end
 -- KiB allocated while stopped and not yet paid for.
 local owed = 0
 
--- One collector step per KiB allocated while it was stopped: the pace
--- LuaJIT keeps when it runs freely (a step each GCSTEPSIZE, 1 KiB, of
--- allocation). A finished cycle clears the debt.
+-- Collector work for what was allocated while it was stopped, at the pace
+-- LuaJIT keeps when it runs freely: `step` with n KiB does a step per KiB
+-- (GCSTEPSIZE) in one call. A finished cycle clears the debt.
 local function run(f, ...)
     owed = owed + collectgarbage("count") - stopped_at
-    while owed >= 1 do
-        owed = owed - 1
-        if collectgarbage("step", 0) then
+    if owed >= 1 then
+        local kib = floor(owed)
+        owed = owed - kib
+        if collectgarbage("step", kib) then
             owed = 0
         end
     end

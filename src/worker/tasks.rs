@@ -17,7 +17,8 @@ pub type TaskId = u64;
 const NONE: u32 = u32::MAX;
 /// Payload buffers up to this size are kept for reuse.
 pub const KEEP: usize = 64 * 1024;
-/// Payload buffers from this size are given back to the system when freed.
+/// After payloads adding up to this size, a pool thread that goes idle
+/// gives memory back (threads.rs).
 pub const LARGE: usize = 1024 * 1024;
 /// Generations stay below 2^20 so a handle is exact as a Lua number.
 const GEN_MASK: u32 = (1 << 20) - 1;
@@ -93,15 +94,11 @@ impl Tasks {
     }
 
     /// Returns a payload buffer for reuse (small ones only: a 1 MiB payload
-    /// should not pin 1 MiB per spare). Freeing a large one gives the
-    /// memory back to the system.
+    /// should not pin 1 MiB per spare).
     pub fn recycle(&mut self, mut buf: Vec<u8>) {
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
-        } else if buf.capacity() >= LARGE {
-            drop(buf);
-            crate::ngx::os::give_back_free_memory();
         }
     }
 

@@ -4,7 +4,7 @@
 use super::tasks::{TaskId, LARGE};
 use crate::ngx::{guard, log, notify, os};
 use crate::vm::{self, Outcome, Spec, ThreadVm};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,16 +61,22 @@ pub(super) fn thread_main(
     let mut vm = build();
     // Payload bytes handled since the thread last gave memory back.
     let mut handled = 0;
-    let give_back = |vm: &Result<ThreadVm, String>, handled: &mut usize| {
-        if *handled >= LARGE {
-            if let Ok(vm) = vm {
-                vm.collect_garbage();
-            }
-            os::give_back_free_memory();
+    let give_back = |vm: &Result<ThreadVm, String>| {
+        if let Ok(vm) = vm {
+            vm.collect_garbage();
         }
-        *handled = 0;
+        os::give_back_free_memory();
     };
-    while let Some(mut job) = next_job(&jobs, || give_back(&vm, &mut handled)) {
+    loop {
+        let mut job = match next_job(&jobs, handled >= LARGE) {
+            Next::Job(job) => job,
+            Next::Idle => {
+                give_back(&vm);
+                handled = 0;
+                continue;
+            }
+            Next::Closed => break,
+        };
         handled += job.payload.len();
         if stopping.load(Ordering::Relaxed) {
             continue;
@@ -132,20 +138,36 @@ const PRIORITY_DROP: i32 = 5;
 /// `make bench` measured at 1.6x the round trips per second at concurrency 1.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// The next job; `idle` runs once before the thread parks.
-fn next_job(jobs: &Receiver<Job>, idle: impl FnOnce()) -> Option<Job> {
+/// How long a thread that handled large payloads waits for the next job
+/// before it gives their memory back: long enough that a steady stream of
+/// large tasks keeps reusing it (fresh pages cost more than the copies).
+const IDLE: Duration = Duration::from_secs(1);
+
+/// What a thread waiting for work gets.
+enum Next {
+    Job(Job),
+    /// No job for IDLE (asked for only after large payloads).
+    Idle,
+    Closed,
+}
+
+/// The next job; with `idle_after`, Idle once no job came for IDLE.
+fn next_job(jobs: &Receiver<Job>, idle_after: bool) -> Next {
     let start = Instant::now();
     loop {
         match jobs.try_recv() {
-            Ok(job) => return Some(job),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < SPIN => {
-                std::hint::spin_loop()
-            }
-            Err(crossbeam_channel::TryRecvError::Empty) => {
-                idle();
-                return jobs.recv().ok();
-            }
+            Ok(job) => return Next::Job(job),
+            Err(TryRecvError::Disconnected) => return Next::Closed,
+            Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::hint::spin_loop(),
+            Err(TryRecvError::Empty) => break,
         }
     }
+    if idle_after {
+        return match jobs.recv_timeout(IDLE) {
+            Ok(job) => Next::Job(job),
+            Err(RecvTimeoutError::Disconnected) => Next::Closed,
+            Err(RecvTimeoutError::Timeout) => Next::Idle,
+        };
+    }
+    jobs.recv().map_or(Next::Closed, Next::Job)
 }
