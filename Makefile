@@ -71,6 +71,13 @@ bench-deps:
 bench: build bench-deps
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
 
+# The talk's timeout table, scaled (Direct, Thread, Thread + reuseport by
+# load): writes bench/FAIRNESS.md and bench/fairness_*.png. ~8 minutes;
+# QUICK=1 for a ~2 minute smoke run.
+fairness: build bench-deps
+	@$(MAKE) --no-print-directory deps
+	QUICK=$(QUICK) /usr/bin/python3 bench/fairness.py
+
 # Requests ending under their tasks (tests/lifetime.rs, scenarios a-d) in one
 # nginx process under valgrind's memcheck; fails on any memory error or
 # definite leak not in tests/valgrind.supp. ~1 minute; not part of make test.
