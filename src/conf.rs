@@ -11,7 +11,9 @@
 //! The pool itself is nginx's `thread_pool NAME threads=N [max_queue=M]`.
 
 use crate::conf_block;
+pub use crate::conf_error::ConfError;
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
+use crate::ngx::http_locations::AioUser;
 use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
 use crate::vm::chunk::{self, Chunk, Style};
@@ -23,6 +25,9 @@ pub struct PoolConf {
     pub pool: ThreadPool,
     pub init: Option<Chunk>,
     pub process: Option<(Chunk, Style)>,
+    /// Where the first directive naming the pool is, for errors found
+    /// after the whole configuration is read.
+    pub defined_at: String,
     /// From the thread_pool declaration, read at init_module.
     pub threads: usize,
     pub max_queue: usize,
@@ -31,6 +36,18 @@ pub struct PoolConf {
 #[derive(Default)]
 pub struct MainConf {
     pub pools: Vec<PoolConf>,
+}
+
+/// The pools' main conf in `cycle`, if the configuration has an http block.
+///
+/// # Safety
+/// `cycle` must be live and configured.
+pub unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut MainConf> {
+    // SAFETY: our slot holds the MainConf from create_main_conf (lib.rs).
+    unsafe {
+        (crate::ngx::conf::http_main_conf(cycle, crate::ngx::module::own()) as *mut MainConf)
+            .as_mut()
+    }
 }
 
 /// What a setter sets, carried in the command's `post` field.
@@ -42,18 +59,19 @@ pub const FILE: usize = 2;
 pub const BLOCK: usize = 4;
 
 impl MainConf {
-    fn pool_mut(&mut self, cf: Conf, name: &[u8]) -> Result<&mut PoolConf, String> {
+    fn pool_mut(&mut self, cf: Conf, name: &[u8]) -> Result<&mut PoolConf, ConfError> {
         if let Some(i) = self.pools.iter().position(|p| p.name.as_bytes() == name) {
             return Ok(&mut self.pools[i]);
         }
-        let text = std::str::from_utf8(name).map_err(|_| "pool name is not UTF-8".to_string())?;
+        let text = std::str::from_utf8(name).map_err(|_| ConfError::PoolNameNotUtf8)?;
         // SAFETY: cf is the configuration being parsed.
-        let pool = unsafe { ThreadPool::add(cf.raw(), name) }.ok_or("no memory")?;
+        let pool = unsafe { ThreadPool::add(cf.raw(), name) }.ok_or(ConfError::NoMemory)?;
         self.pools.push(PoolConf {
             name: text.into(),
             pool,
             init: None,
             process: None,
+            defined_at: cf.file_line(),
             threads: 0,
             max_queue: 0,
         });
@@ -61,15 +79,29 @@ impl MainConf {
     }
 
     /// Reads each pool's declaration and takes it from nginx (init_module).
-    pub fn resolve(&mut self) -> Result<(), String> {
+    /// `aio` lists the pools nginx's own file I/O uses: a pool this module
+    /// runs has no thread that would take nginx's tasks.
+    pub fn resolve(&mut self, aio: &[AioUser]) -> Result<(), ConfError> {
         for p in &mut self.pools {
             if p.process.is_none() {
-                return Err(format!(
-                    "thread pool \"{}\" has thread_pool_init_by_lua but no thread_pool_process_by_lua",
-                    p.name
-                ));
+                return Err(ConfError::NoProcess {
+                    pool: p.name.clone(),
+                    at: p.defined_at.clone(),
+                });
             }
-            let (threads, max_queue) = p.pool.take(p.name.as_bytes())?;
+            if let Some(user) = aio.iter().find(|u| p.pool.is(u.pool)) {
+                let place = if user.location.is_empty() {
+                    "a server".to_string()
+                } else {
+                    format!("location \"{}\"", user.location)
+                };
+                return Err(ConfError::SharedWithAio {
+                    pool: p.name.clone(),
+                    place,
+                    at: p.defined_at.clone(),
+                });
+            }
+            let (threads, max_queue) = p.pool.take(p.name.as_bytes()).map_err(ConfError::Layout)?;
             p.threads = threads;
             p.max_queue = max_queue;
         }
@@ -98,12 +130,12 @@ pub unsafe extern "C" fn set_chunk(
         };
         match set_chunk_in(cf, kind, main) {
             Ok(()) => NGX_CONF_OK,
-            Err(msg) => cf.error(&msg),
+            Err(e) => cf.error(&e.to_string()),
         }
     })
 }
 
-fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String> {
+fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfError> {
     let args = cf.args();
     let (directive, name) = (String::from_utf8_lossy(args[0]).into_owned(), args[1]);
     let short = directive
@@ -113,13 +145,15 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String
     let block_start = (kind & BLOCK != 0).then(|| cf.line());
     let chunk = if let Some(start) = block_start {
         Chunk {
-            code: conf_block::read(cf)?,
+            code: conf_block::read(cf).map_err(ConfError::Block)?,
             name: format!("={short}({})", cf.position_at(start)),
         }
     } else if kind & FILE != 0 {
         let path = cf.full_path(args[2]);
-        let code =
-            std::fs::read(&path).map_err(|e| format!("cannot read \"{}\": {e}", path.display()))?;
+        let code = std::fs::read(&path).map_err(|err| ConfError::Read {
+            path: path.display().to_string(),
+            err,
+        })?;
         Chunk {
             code,
             name: format!("@{}", path.display()),
@@ -136,7 +170,7 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String
         if let (Some(start), Some(line)) = (block_start, conf_block::error_line(&chunk.name, &e)) {
             cf.set_line(start + line - 1);
         }
-        format!("failed to compile: {e}")
+        ConfError::Compile(e)
     })?;
     let pool = main.pool_mut(cf, name)?;
     let slot_taken = if kind & PROCESS != 0 {
@@ -145,7 +179,9 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), String
         pool.init.replace(chunk).is_some()
     };
     if slot_taken {
-        return Err(format!("is duplicate for pool \"{}\"", pool.name));
+        return Err(ConfError::Duplicate {
+            pool: pool.name.clone(),
+        });
     }
     Ok(())
 }

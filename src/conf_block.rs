@@ -14,16 +14,7 @@
 //! line 1 is the rest of the line of the `{`, and the chunk is named after
 //! that line: an error on Lua line N is on file line `start + N - 1`.
 
-use crate::ngx::conf::Conf;
-
-/// A source of configuration bytes that refills as it is read.
-pub trait Input {
-    /// The unread bytes, refilled when all were consumed; empty at the end
-    /// of the input.
-    fn fill(&mut self) -> Result<&[u8], String>;
-    /// Marks the first `n` bytes of the last `fill` as read.
-    fn consume(&mut self, n: usize);
-}
+use crate::ngx::conf::{Conf, Input};
 
 /// The code of a block and the line of its closing `}`.
 #[derive(Debug, PartialEq, Eq)]

@@ -4,13 +4,14 @@
 //! caller's buffer.
 
 use crate::ngx::guard::no_unwind;
+use crate::ngx::log;
 use crate::ngx::sys;
-use crate::pool::{with_worker, PushError};
-use crate::task::{RequestTasks, TaskId};
+use crate::worker::tasks::{RequestTasks, TaskId, KEEP};
+use crate::worker::{with_worker, WorkerError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 2;
+pub const API_VERSION: c_int = 3;
 
 pub const OK: c_int = 0;
 pub const ERROR: c_int = -1;
@@ -51,7 +52,7 @@ pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> 
         // SAFETY: the caller vouches for name/len.
         let name = unsafe { std::slice::from_raw_parts(name, len) };
         // SAFETY: ngx_cycle is the running cycle, configured.
-        let conf = unsafe { crate::main_conf(sys::ngx_cycle) };
+        let conf = unsafe { crate::conf::main_conf(sys::ngx_cycle) };
         conf.and_then(|c| c.pools.iter().position(|p| p.name.as_bytes() == name))
             .map_or(-1, |id| id as c_int)
     })
@@ -98,15 +99,15 @@ pub unsafe extern "C" fn ngx_threadpool_push(
             // that pool is destroyed.
             let id = match unsafe { w.push(pool as usize, owner, args) } {
                 Ok(id) => id,
-                Err(PushError::Full) => return DECLINED,
+                Err(WorkerError::QueueFull) => return DECLINED,
                 // SAFETY: forwarded from the caller.
-                Err(PushError::Other(msg)) => return unsafe { set_err(err, errlen, &msg) },
+                Err(e) => return unsafe { set_err(err, errlen, &e.to_string()) },
             };
             // SAFETY: checked non-null above.
             unsafe { *task = id };
-            // SAFETY: r is the running handler's request; the semaphore
-            // belongs to the task record, which outlives the wait.
             let rc = match w.tasks.sema(id) {
+                // SAFETY: r is the running handler's request; the semaphore
+                // belongs to the task record, which outlives the wait.
                 Some(sema) => unsafe { sema.wait(r, timeout_ms.max(1), err, errlen) },
                 // SAFETY: forwarded from the caller.
                 None => unsafe { set_err(err, errlen, "task has no semaphore") },
@@ -140,6 +141,10 @@ pub unsafe extern "C" fn ngx_threadpool_result(
             let Some((payload, failed)) = w.tasks.take_result(task) else {
                 return ERROR;
             };
+            log::debug(format_args!(
+                "task {task:#x} resumed, {} bytes of results",
+                payload.len()
+            ));
             let old = std::mem::replace(&mut w.last_result, payload);
             w.tasks.recycle(old);
             // SAFETY: the caller vouches for data/len; last_result stays
@@ -158,12 +163,27 @@ pub unsafe extern "C" fn ngx_threadpool_result(
     })
 }
 
+/// The shim is done with a large result (decoded): its buffer is freed now
+/// rather than kept until the next result.
+#[no_mangle]
+pub extern "C" fn ngx_threadpool_result_done() {
+    no_unwind("result_done", (), || {
+        with_worker(|w| {
+            if w.last_result.capacity() > KEEP {
+                let buf = std::mem::take(&mut w.last_result);
+                w.tasks.recycle(buf);
+            }
+        });
+    })
+}
+
 /// Lets go of a task whose caller stopped waiting (timeout): a running one
 /// is abandoned and its late result dropped; a finished one is freed.
 #[no_mangle]
 pub extern "C" fn ngx_threadpool_release(task: TaskId) {
     no_unwind("release", (), || {
         with_worker(|w| {
+            log::debug(format_args!("task {task:#x} released by its caller"));
             if let Some(buf) = w.tasks.release(task) {
                 w.tasks.recycle(buf);
             }
@@ -180,7 +200,7 @@ unsafe fn request_tasks(r: *mut sys::ngx_http_request_t) -> Option<*mut RequestT
     // allocated in r->pool (reset by an internal redirect, which only means
     // a second list: the first is still released with the pool).
     unsafe {
-        let slot = (*r).ctx.add(crate::ngx_threadpool_module.ctx_index);
+        let slot = (*r).ctx.add(crate::ngx::module::own_ctx_index());
         if !(*slot).is_null() {
             return Some((*slot).cast());
         }

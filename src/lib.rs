@@ -1,20 +1,36 @@
 //! ngx_threadpool: per-worker thread pools of LuaJIT states for OpenResty.
 //!
 //! This file only wires the module into nginx: the module record, its
-//! directives and its process hooks. See conf.rs (directives), pool.rs
-//! (threads), task.rs (task records), notify.rs (wake-ups), ffi.rs (the API
-//! of lua/resty/threadpool.lua), vm/ (the threads' Lua) and codec.rs
-//! (MessagePack).
+//! directives and its process hooks. The layers point one way, each using
+//! only those below it:
+//!
+//! 1. `ngx/`: the nginx boundary — bindgen bindings and small wrappers
+//!    (configuration, logs, lua-nginx-module's semaphores and API, the
+//!    notify multiplexer, the OS calls). It calls up only through callbacks
+//!    registered with it.
+//! 2. `codec/` (MessagePack between the event loop and the threads) and
+//!    `vm/` (a pool thread's Lua state and its `ngx` table).
+//! 3. `worker/`: the worker's state — pools and their threads, task
+//!    records, completions.
+//! 4. `conf.rs` + `conf_block.rs` (the directives) and `ffi.rs` (the C API
+//!    of lua/resty/threadpool.lua).
+//!
+//! One task's journey: `ffi.rs` (push) → `worker/mod.rs` (queue) →
+//! `worker/threads.rs` → `vm/` (decode, run, encode with `codec/`) →
+//! `ngx/notify.rs` (wake) → `worker/tasks.rs` (complete, post the
+//! semaphore) → `ffi.rs` (result).
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod codec;
 pub mod conf;
 pub mod conf_block;
+mod conf_error;
 pub mod ffi;
+pub mod lua;
 pub mod ngx;
-pub mod notify;
-pub mod pool;
-pub mod task;
 pub mod vm;
+pub mod worker;
 
 use conf::{MainConf, BLOCK, FILE, INIT, PROCESS};
 use ngx::module::{command, module, NULL_COMMAND};
@@ -100,6 +116,7 @@ pub static mut ngx_module_names: [*const c_char; 2] =
 
 unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
     ngx::guard::no_unwind("create_main_conf", ptr::null_mut(), || {
+        ngx::module::register_own(&raw mut ngx_threadpool_module);
         // SAFETY: cf->pool is the new cycle's pool: the conf is dropped with
         // it at the next reload.
         unsafe { ngx::pool::adopt((*cf).pool, MainConf::default()) }
@@ -107,30 +124,20 @@ unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
     })
 }
 
-/// The pools' main conf in `cycle`, if the configuration has an http block.
-///
-/// # Safety
-/// `cycle` must be live and configured.
-pub(crate) unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut MainConf> {
-    // SAFETY: our slot holds the MainConf from create_main_conf.
-    unsafe {
-        (ngx::conf::http_main_conf(cycle, &raw const ngx_threadpool_module) as *mut MainConf)
-            .as_mut()
-    }
-}
-
 /// Master, after the whole configuration is read (also under `nginx -t`):
 /// reads the thread_pool declarations and takes our pools from nginx.
 unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t {
     ngx::guard::no_unwind("init_module", sys::NGX_ERROR as sys::ngx_int_t, || {
         // SAFETY: nginx passes the configured cycle.
-        let Some(conf) = (unsafe { main_conf(cycle) }) else {
+        let Some(conf) = (unsafe { conf::main_conf(cycle) }) else {
             return sys::NGX_OK as sys::ngx_int_t;
         };
-        match conf.resolve() {
+        // SAFETY: as above; the http block is fully configured.
+        let aio = unsafe { ngx::http_locations::aio_users(cycle) };
+        match conf.resolve(&aio) {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
-                ngx::log::cycle_error(&format!("ngx_threadpool: {msg}"));
+                ngx::log::message(ngx::log::NGX_LOG_EMERG, format_args!("{msg}"));
                 sys::NGX_ERROR as sys::ngx_int_t
             }
         }
@@ -141,12 +148,13 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
 unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t {
     ngx::guard::no_unwind("init_process", sys::NGX_ERROR as sys::ngx_int_t, || {
         // SAFETY: nginx passes the worker's cycle.
-        let Some(conf) = (unsafe { main_conf(cycle) }) else {
+        let Some(conf) = (unsafe { conf::main_conf(cycle) }) else {
             return sys::NGX_OK as sys::ngx_int_t;
         };
         if conf.pools.is_empty() {
             return sys::NGX_OK as sys::ngx_int_t;
         }
+        ngx::os::bound_retained_memory();
         // SAFETY: init_process runs on the event loop before any request.
         let paths = unsafe { ngx::lua::package_paths(cycle) };
         let log = ngx::log::Log::cycle();
@@ -155,6 +163,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             vm::NgxEnv {
                 lua_conf: ngx::lua_api::LuaConf::of(cycle),
                 worker: ngx::lua_api::WorkerInfo::current(),
+                regex_match_limit: ngx::lua_api::regex_match_limit(),
             }
         };
         // One spec per configured pool, in order: a pool's index in the
@@ -177,10 +186,14 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                 Ok((spec, p.threads, p.max_queue))
             })
             .collect();
-        match specs.and_then(|specs| notify::install().and_then(|()| pool::Worker::start(specs))) {
+        let started = specs.and_then(|specs| {
+            ngx::notify::install(worker::drain)?;
+            worker::Worker::start(specs).map_err(|e| e.to_string())
+        });
+        match started {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
-                ngx::log::cycle_error(&format!("ngx_threadpool: {msg}"));
+                ngx::log::message(ngx::log::NGX_LOG_EMERG, format_args!("{msg}"));
                 sys::NGX_ERROR as sys::ngx_int_t
             }
         }
@@ -190,6 +203,6 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
 /// Worker exit (quit, reload, terminate): stop and join the threads.
 unsafe extern "C" fn exit_process(_cycle: *mut sys::ngx_cycle_t) {
     ngx::guard::no_unwind("exit_process", (), || {
-        pool::stop(std::time::Duration::from_secs(5))
+        worker::stop(std::time::Duration::from_secs(5))
     })
 }

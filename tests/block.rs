@@ -340,3 +340,30 @@ fn block_directive_needs_a_pool_and_a_block() {
         "{stderr}"
     );
 }
+
+/// Why the module reads its blocks itself rather than with the block parser
+/// lua-nginx-module exports (ngx_http_lua_conf_lua_block_parse): that one
+/// needs a Lua long string to fit in nginx's 4 KiB configuration buffer,
+/// so a block holding a larger one (rules, a template) is refused. Ours
+/// reads it; the lua module's own `content_by_lua_block` shows the limit.
+#[test]
+fn long_strings_larger_than_the_conf_buffer_are_read() {
+    let text = "x".repeat(6000);
+    let ours = format!(
+        "    thread_pool_process_by_lua_block per_task {{\n        local s = [[{text}]]\n        return #s\n    }}"
+    );
+    let out = nginx_test(ONE_POOL, &ours, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs = format!(
+        "    thread_pool_process_by_lua per_task \"return ...\";\n    server {{ listen 127.0.0.1:$PORT; location / {{ content_by_lua_block {{\n        local s = [[{text}]]\n        ngx.say(#s)\n    }} }} }}"
+    );
+    let stderr = nginx_t_fails(&theirs);
+    assert!(
+        stderr.contains("Lua code block missing the closing long bracket"),
+        "{stderr}"
+    );
+}

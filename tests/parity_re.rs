@@ -251,6 +251,36 @@ const CASES: &[&str] = &[
     r#"return ngx.re.gsub("a1b2", [[\d]], function(m) return ngx.re.gsub(m[0], [[\d]], "<$0>", "o") end, "o")"#,
     r#"return ngx.re.gsub("a1b2c3", [[\d]], function(m) return ngx.re.match("999", [[\d]], "o")[0] end, "o")"#,
     r#"return pcall(ngx.re.gsub, "a1", [[\d]], function() error("boom") end)"#,
+    // the `ngx.re` module: split
+    r#"return require("ngx.re").split("a,b,c", ",")"#,
+    r#"return require("ngx.re").split("a,b,,c,,", ",")"#,
+    r#"return require("ngx.re").split(",,", ",")"#,
+    r#"return require("ngx.re").split(",a,", ",")"#,
+    r#"return require("ngx.re").split("", ",")"#,
+    r#"return require("ngx.re").split("abc", "")"#,
+    r#"return require("ngx.re").split("abc", "x*")"#,
+    r#"return require("ngx.re").split("a1b22c333", [[\d+]], "jo")"#,
+    r#"return require("ngx.re").split("a,b;c", "([,;])")"#,
+    r#"return require("ngx.re").split("a,b;c", "(,)|(;)")"#,
+    r#"return require("ngx.re").split("aXbxc", "x", "i")"#,
+    r#"return require("ngx.re").split("héllo", "", "u")"#,
+    r#"return require("ngx.re").split(12345, "3")"#,
+    r#"return require("ngx.re").split("a,b,c,d", ",", nil, nil, 2)"#,
+    r#"return require("ngx.re").split("a,b,c,d", ",", nil, nil, 3)"#,
+    r#"return require("ngx.re").split("a,b,,", ",", nil, nil, 10)"#,
+    r#"return require("ngx.re").split("a,b,c", ",", nil, nil, 1)"#,
+    r#"return require("ngx.re").split("a,b,c", ",", nil, nil, -1)"#,
+    r#"return require("ngx.re").split("abc", "", nil, nil, 2)"#,
+    r#"local ctx = {pos = 3} return require("ngx.re").split("a,b,c,d", ",", nil, ctx), ctx"#,
+    r#"local ctx = {} return require("ngx.re").split("a,b", ",", nil, ctx), ctx"#,
+    r#"local ctx = {pos = 10} return require("ngx.re").split("a,b", ",", nil, ctx), ctx"#,
+    r#"local res = {"x", "y", "z", "w"} return require("ngx.re").split("a,b", ",", nil, nil, nil, res), res"#,
+    r#"return pcall(require("ngx.re").split, "a", ",", nil, nil, nil, "x")"#,
+    r#"return require("ngx.re").split("a", "(")"#,
+    r#"return require("ngx.re").split("aaa bb", "a+|b", "d")"#,
+    r#"local ok, e = pcall(require("ngx.re").split, "a", ",", "k") return ok, (e:gsub("^.-:%d+: ", ""))"#,
+    r#"return pcall(require("ngx.re").opt, "no_such_option", 1)"#,
+    r#"local re = require "ngx.re" return type(re.split), type(re.opt), type(re.version)"#,
     // more `o` patterns than lua_regex_cache_max_entries (1024), twice
     r#"local n = 0 for round = 1, 2 do for i = 1, 1500 do n = n + ngx.re.match("k" .. i, "k(" .. i .. ")", "o")[1] end end return n"#,
     // PCRE limits: match limit, 32 KiB of JIT stack, and the C stack for
@@ -262,6 +292,12 @@ const CASES: &[&str] = &[
 ];
 
 fn start() -> Nginx {
+    start_with_settings("", "")
+}
+
+/// As start, with `http_extra` in the http block and `pool_init` as the
+/// pool's init chunk.
+fn start_with_settings(http_extra: &str, pool_init: &str) -> Nginx {
     // A task is a case's source, or (nil, n) for the concurrency test.
     let pool_lua = format!(
         "{SERIALIZER}\n{WORK}\nreturn function(src, n) return n and work(n) or run(src) end\n"
@@ -287,20 +323,29 @@ local _, r2, e2 = ngx.thread.wait(t2)
 ngx.print(here, " ", tostring(r1 or e1), " ", tostring(r2 or e2))
 "#
     );
-    let http = r#"
+    let init = if pool_init.is_empty() {
+        String::new()
+    } else {
+        format!("thread_pool_init_by_lua re_pool '{pool_init}';")
+    };
+    let http = format!(
+        r#"
+    {http_extra}
+    {init}
     thread_pool_process_by_lua_file re_pool conf/pool.lua;
-    server {
+    server {{
         listen 127.0.0.1:$PORT;
         client_body_buffer_size 64k;
-        location /el { content_by_lua_file conf/el.lua; }
-        location /tp { content_by_lua_file conf/tp.lua; }
-        location /stress { content_by_lua_file conf/stress.lua; }
-    }
-"#;
+        location /el {{ content_by_lua_file conf/el.lua; }}
+        location /tp {{ content_by_lua_file conf/tp.lua; }}
+        location /stress {{ content_by_lua_file conf/stress.lua; }}
+    }}
+"#
+    );
     Nginx::start_with(
         1,
         "thread_pool re_pool threads=2;",
-        http,
+        &http,
         &[
             ("pool.lua", &pool_lua),
             ("el.lua", &el_lua),
@@ -385,6 +430,42 @@ fn pool_thread_results_equal_event_loop_results() {
         log.contains(&format!("{why}, thread pool: re_pool")),
         "{log}"
     );
+}
+
+#[test]
+fn match_limit_and_jit_stack_size_apply_in_pool_threads() {
+    let set_jit_stack = r#"require("ngx.re").opt("jit_stack_size", 8388608)"#;
+    let ngx = start_with_settings(
+        &format!("lua_regex_match_limit 1000; init_by_lua_block {{ {set_jit_stack} }}"),
+        set_jit_stack,
+    );
+    for (src, want) in [
+        // over the configured limit, well under PCRE's default
+        (
+            r#"return ngx.re.match(("a"):rep(12) .. "d", "(a+)+(?:b|c)")"#,
+            r#"3: true, nil, "pcre_exec() failed: -8""#,
+        ),
+        // under it
+        (
+            r#"return ngx.re.match("aad", "(a+)+(?:b|c)")"#,
+            "2: true, nil",
+        ),
+        // deeper than the default 32 KiB JIT stack allows
+        (
+            r#"return ngx.re.find(("ab"):rep(20000), "(a|b)*", "j")"#,
+            "3: true, 1, 40000",
+        ),
+        (
+            r#"ngx.re.match("a", "a", "o") return pcall(require("ngx.re").opt, "jit_stack_size", 65536)"#,
+            r#"3: true, false, "changing jit stack size is not allowed when some regexs have already been compiled and cached""#,
+        ),
+    ] {
+        let here = run(&ngx, "/el", src);
+        let pool = run(&ngx, "/tp", src);
+        assert_eq!(here, want, "event loop: {src}");
+        assert_eq!(pool, want, "pool thread: {src}");
+    }
+    ngx.assert_clean_log();
 }
 
 #[test]

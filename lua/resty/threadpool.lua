@@ -38,9 +38,13 @@ int ngx_threadpool_push(ngx_http_request_t *r, int pool,
 int ngx_threadpool_result(uint64_t task, const unsigned char **data,
     size_t *len);
 void ngx_threadpool_release(uint64_t task);
+void ngx_threadpool_result_done(void);
 ]]
 
-local API_VERSION = 2
+local API_VERSION = 3
+-- Payloads larger than this are freed as soon as they are used (smaller
+-- buffers are reused).
+local LARGE_PAYLOAD = 65536
 local FFI_OK = 0
 local FFI_ERROR = -1
 local FFI_AGAIN = -2
@@ -93,6 +97,11 @@ local function results(rc, ok, ...)
     return ...
 end
 
+local function done_with_result(...)
+    C.ngx_threadpool_result_done()
+    return ...
+end
+
 local function bad_context()
     error("push_task: API disabled in the context of " .. get_phase()
           .. " (use it in rewrite, access, content or timer, "
@@ -115,6 +124,10 @@ local function push(pool, ms, ...)
     err_len[0] = ERR_BUF_SIZE
     local rc = C.ngx_threadpool_push(r, pool.id, p, len, ms, task_out,
                                      err_buf, err_len)
+    if len > LARGE_PAYLOAD then
+        -- the module has its own copy: do not keep megabytes for good
+        args_buf:free()
+    end
     if rc == FFI_AGAIN or rc == FFI_OK then
         local task = tonumber(task_out[0])
         if rc == FFI_AGAIN then
@@ -130,7 +143,11 @@ local function push(pool, ms, ...)
         if rc == FFI_ERROR then
             return nil, "no result"
         end
-        return results(rc, decode_results(data_out[0], tonumber(len_out[0])))
+        local len = tonumber(len_out[0])
+        if len <= LARGE_PAYLOAD then
+            return results(rc, decode_results(data_out[0], len))
+        end
+        return done_with_result(results(rc, decode_results(data_out[0], len)))
     end
     if rc == FFI_DECLINED then
         return nil, "queue full"

@@ -5,6 +5,7 @@
     non_snake_case,
     dead_code,
     clippy::all,
+    clippy::undocumented_unsafe_blocks,
     unnecessary_transmutes
 )]
 

@@ -51,6 +51,20 @@ impl Conf {
         }
     }
 
+    /// "/etc/nginx/nginx.conf:12": the current file and line, as nginx
+    /// ends its configuration errors.
+    pub fn file_line(&self) -> String {
+        // SAFETY: conf_file is set while a file is being parsed.
+        unsafe {
+            let file = (*self.0).conf_file;
+            if file.is_null() {
+                return "?".into();
+            }
+            let name = String::from_utf8_lossy(super::str_bytes(&(*file).file.name));
+            format!("{name}:{}", (*file).line)
+        }
+    }
+
     /// The line nginx's tokenizer is on in the current file (0 without one).
     pub fn line(&self) -> usize {
         // SAFETY: conf_file is set while a file is being parsed.
@@ -101,12 +115,21 @@ impl Conf {
     }
 }
 
+/// A source of configuration bytes that refills as it is read.
+pub trait Input {
+    /// The unread bytes, refilled when all were consumed; empty at the end
+    /// of the input.
+    fn fill(&mut self) -> Result<&[u8], String>;
+    /// Marks the first `n` bytes of the last `fill` as read.
+    fn consume(&mut self, n: usize);
+}
+
 /// Reads a configuration file through nginx's own buffer, refilling it the
 /// way ngx_conf_read_token does, so that nginx's tokenizer carries on right
 /// after what was read.
 pub struct ConfReader(*mut sys::ngx_conf_file_t);
 
-impl crate::conf_block::Input for ConfReader {
+impl Input for ConfReader {
     fn fill(&mut self) -> Result<&[u8], String> {
         if self.0.is_null() {
             return Ok(&[]);

@@ -17,7 +17,10 @@ pub fn catch<T>(body: impl FnOnce() -> T) -> Result<T, String> {
 /// logged and becomes `fallback`.
 pub fn no_unwind<T>(what: &str, fallback: T, body: impl FnOnce() -> T) -> T {
     catch(body).unwrap_or_else(|msg| {
-        super::log::cycle_error(&format!("ngx_threadpool: panic in {what}: {msg}"));
+        super::log::message(
+            super::log::NGX_LOG_ALERT,
+            format_args!("panic in {what}: {msg}"),
+        );
         fallback
     })
 }

@@ -59,10 +59,44 @@ impl Log {
     }
 }
 
-/// Logs an error on the cycle's log; used where nothing better is at hand.
-pub fn cycle_error(msg: &str) {
+/// The one prefix of the module's own messages.
+pub const PREFIX: &str = "ngx_threadpool: ";
+
+impl Log {
+    /// Writes the module's message `args` at `level`: formatted only if
+    /// the level lets it through, prefixed with PREFIX.
+    pub fn message(self, level: u32, args: std::fmt::Arguments) {
+        if self.enabled(level) {
+            self.write(level, format!("{PREFIX}{args}").as_bytes());
+        }
+    }
+
+    /// Whether nginx's debug log is on for http (`error_log ... debug` or
+    /// `debug_http`), as ngx_log_debug checks it.
+    pub fn debug_enabled(self) -> bool {
+        // SAFETY: self.0 is a live log (see the Send impl).
+        unsafe { (*self.0).log_level & sys::NGX_LOG_DEBUG_HTTP as usize != 0 }
+    }
+
+    /// A step of a task's journey, in nginx's debug log.
+    pub fn debug(self, args: std::fmt::Arguments) {
+        if self.debug_enabled() {
+            self.write(NGX_LOG_DEBUG, format!("{PREFIX}{args}").as_bytes());
+        }
+    }
+}
+
+/// The module's message on the current cycle's log (stderr outside nginx).
+pub fn message(level: u32, args: std::fmt::Arguments) {
     match Log::cycle() {
-        Some(log) => log.write(NGX_LOG_ERR, msg.as_bytes()),
-        None => eprintln!("{msg}"),
+        Some(log) => log.message(level, args),
+        None => eprintln!("{PREFIX}{args}"),
+    }
+}
+
+/// A step of a task's journey on the current cycle's debug log.
+pub fn debug(args: std::fmt::Arguments) {
+    if let Some(log) = Log::cycle() {
+        log.debug(args);
     }
 }

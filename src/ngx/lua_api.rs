@@ -36,6 +36,74 @@ unsafe extern "C" {
     fn ngx_http_lua_ffi_worker_pid() -> c_int;
     fn ngx_http_lua_ffi_worker_id() -> c_int;
     fn ngx_http_lua_ffi_worker_count() -> c_int;
+    fn ngx_http_lua_ffi_compile_regex(
+        pat: *const u8,
+        pat_len: usize,
+        flags: c_int,
+        pcre_opts: c_int,
+        errstr: *mut u8,
+        errstr_size: usize,
+    ) -> *mut LuaRegex;
+    fn ngx_http_lua_ffi_destroy_regex(re: *mut LuaRegex);
+}
+
+/// The head of `ngx_http_lua_regex_t`, as lua-resty-core declares it for
+/// its FFI calls (resty/core/regex.lua): a public contract of the module.
+#[repr(C)]
+struct LuaRegex {
+    pool: *mut c_void,
+    name_table: *mut u8,
+    name_count: c_int,
+    name_entry_size: c_int,
+    ncaptures: c_int,
+    captures: *mut c_int,
+    regex: *mut c_void,
+    regex_sd: *mut PcreExtra,
+}
+
+/// The head of PCRE's public `pcre_extra` (pcre.h).
+#[repr(C)]
+struct PcreExtra {
+    flags: std::ffi::c_ulong,
+    study_data: *mut c_void,
+    match_limit: std::ffi::c_ulong,
+}
+
+const PCRE_EXTRA_MATCH_LIMIT: std::ffi::c_ulong = 0x0002;
+
+/// `lua_regex_match_limit` as the event loop applies it (0: none). The lua
+/// module keeps it in its main conf, whose layout is private; it shows in
+/// the study data of every pattern it compiles, so one is compiled here.
+///
+/// # Safety
+/// Event-loop thread of a worker, before any pool thread uses PCRE: the lua
+/// module compiles with its process-wide allocator hooks.
+pub unsafe fn regex_match_limit() -> u64 {
+    let pattern = b"a";
+    let mut err = [0u8; 128];
+    // SAFETY: a valid pattern and error buffer; the regex is destroyed
+    // below and nothing else holds it.
+    unsafe {
+        let re = ngx_http_lua_ffi_compile_regex(
+            pattern.as_ptr(),
+            pattern.len(),
+            0,
+            0,
+            err.as_mut_ptr(),
+            err.len(),
+        );
+        if re.is_null() {
+            return 0;
+        }
+        let sd = (*re).regex_sd;
+        let limit = if !sd.is_null() && (*sd).flags & PCRE_EXTRA_MATCH_LIMIT != 0 {
+            (*sd).match_limit
+        } else {
+            0
+        };
+        ngx_http_lua_ffi_destroy_regex(re);
+        limit
+    }
 }
 
 /// lua-nginx-module's main conf (`ngx_http_lua_main_conf_t`) of the
@@ -114,4 +182,15 @@ pub fn inject(lua: &Lua, ngx: &Table, conf: Option<LuaConf>) -> mlua::Result<()>
             }
         })
     }
+}
+
+/// `lua_regex_cache_max_entries` when lua-nginx-module is loaded (in
+/// nginx); None elsewhere (unit tests).
+pub fn regex_cache_max_entries() -> Option<u32> {
+    let f = super::os::global_symbol(c"ngx_http_lua_ffi_max_regex_cache_size")?;
+    // SAFETY: lua-nginx-module's `uint32_t (void)` function; it reads the
+    // cycle's http lua main conf, which is set before the pool threads
+    // start (they start in init_process) and read-only afterwards.
+    let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(f.as_ptr()) };
+    Some(f())
 }

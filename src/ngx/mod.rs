@@ -6,10 +6,12 @@
 pub mod bindings;
 pub mod conf;
 pub mod guard;
+pub mod http_locations;
 pub mod log;
 pub mod lua;
 pub mod lua_api;
 pub mod module;
+pub mod notify;
 pub mod os;
 pub mod pool;
 pub mod thread_pool;

@@ -3,6 +3,29 @@
 use super::sys::{self, ngx_command_t, ngx_module_t, ngx_str_t};
 use std::ffi::{c_char, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// This module's record, registered by lib.rs when nginx first calls into
+/// it, so that code below lib.rs can find its configuration and request
+/// context slots without reaching up to the crate root.
+static OWN: AtomicPtr<ngx_module_t> = AtomicPtr::new(ptr::null_mut());
+
+/// Registers this module's record (lib.rs, at create_main_conf).
+pub fn register_own(module: *mut ngx_module_t) {
+    OWN.store(module, Ordering::Release);
+}
+
+/// This module's record (null before registration).
+pub fn own() -> *const ngx_module_t {
+    OWN.load(Ordering::Acquire)
+}
+
+/// This module's index among the http modules' context slots.
+pub fn own_ctx_index() -> usize {
+    // SAFETY: a registered record is the module's static, set up by nginx
+    // (ctx_index) before it calls create_main_conf.
+    unsafe { own().as_ref().map_or(usize::MAX, |m| m.ctx_index) }
+}
 
 /// A directive's setter, as nginx calls it.
 pub type Setter = unsafe extern "C" fn(

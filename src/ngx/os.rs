@@ -29,3 +29,110 @@ pub fn lower_priority(by: i32) {
         sys::setpriority(sys::__priority_which_PRIO_PROCESS, tid, now + by);
     }
 }
+
+extern "C" {
+    fn malloc_trim(pad: usize) -> std::ffi::c_int;
+    fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+}
+
+const M_TRIM_THRESHOLD: std::ffi::c_int = -1;
+const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
+
+/// Fixes glibc's thresholds for the worker. By default they adapt: once a
+/// freed block was mapped on its own (a 16 MiB payload), blocks up to that
+/// size come from the arenas, which then keep up to twice that free for
+/// good, in every thread's arena. Fixed, blocks from 4 MiB are mapped on
+/// their own and unmapped when freed, and an arena keeps at most 4 MiB
+/// free: payloads up to a few MiB still reuse memory (fresh pages cost
+/// more than the copy), larger ones give it back.
+pub fn bound_retained_memory() {
+    // SAFETY: mallopt only sets allocator parameters; called once per
+    // worker before its threads start.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 4 << 20);
+        mallopt(M_TRIM_THRESHOLD, 4 << 20);
+    }
+}
+
+/// Returns the allocator's free memory to the system, in every thread's
+/// arena (glibc): after a large payload, what was freed would otherwise
+/// stay in the worker's RSS for good.
+pub fn give_back_free_memory() {
+    // SAFETY: malloc_trim only releases free pages; it is thread-safe.
+    unsafe { malloc_trim(0) };
+}
+
+extern "C" {
+    fn dlmopen(
+        lmid: std::ffi::c_long,
+        file: *const std::ffi::c_char,
+        mode: std::ffi::c_int,
+    ) -> *mut std::ffi::c_void;
+    fn dlsym(
+        handle: *mut std::ffi::c_void,
+        symbol: *const std::ffi::c_char,
+    ) -> *mut std::ffi::c_void;
+    fn dlerror() -> *mut std::ffi::c_char;
+}
+
+const LM_ID_NEWLM: std::ffi::c_long = -1;
+const RTLD_NOW: std::ffi::c_int = 2;
+
+/// A shared library loaded into a link-map namespace of its own, so that
+/// its globals are not the process's copy's (libpcre's allocator hooks,
+/// which lua-nginx-module points at its pools while it compiles). Never
+/// unloaded.
+pub struct PrivateLib(usize);
+
+impl PrivateLib {
+    pub fn load(name: &std::ffi::CStr) -> Result<PrivateLib, String> {
+        // SAFETY: dlmopen with a valid C string; the handle is never
+        // closed, so it stays valid for the process.
+        let handle = unsafe { dlmopen(LM_ID_NEWLM, name.as_ptr(), RTLD_NOW) };
+        if handle.is_null() {
+            // SAFETY: dlerror returns null or a C string valid until the
+            // next dl call on this thread.
+            let why = unsafe { dlerror() };
+            let why = if why.is_null() {
+                "unknown error".into()
+            } else {
+                // SAFETY: non-null, NUL-terminated (above).
+                unsafe { std::ffi::CStr::from_ptr(why) }
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            return Err(format!("cannot load {}: {why}", name.to_string_lossy()));
+        }
+        Ok(PrivateLib(handle as usize))
+    }
+
+    /// The address of `name` in this copy.
+    pub fn symbol(&self, name: &std::ffi::CStr) -> Option<std::ptr::NonNull<std::ffi::c_void>> {
+        // SAFETY: a handle from dlmopen that is never closed.
+        std::ptr::NonNull::new(unsafe { dlsym(self.0 as *mut std::ffi::c_void, name.as_ptr()) })
+    }
+}
+
+/// The address of `name` in the process's global scope, where nginx loads
+/// its modules.
+pub fn global_symbol(name: &std::ffi::CStr) -> Option<std::ptr::NonNull<std::ffi::c_void>> {
+    // SAFETY: RTLD_DEFAULT (null) with a valid C string.
+    std::ptr::NonNull::new(unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_copy_has_its_own_globals() {
+        let lib = PrivateLib::load(c"libpcre.so.3").expect("libpcre.so.3");
+        let private = lib.symbol(c"pcre_malloc").expect("private pcre_malloc");
+        let shared = PrivateLib::load(c"libpcre.so.3")
+            .expect("libpcre.so.3")
+            .symbol(c"pcre_malloc")
+            .expect("second pcre_malloc");
+        // each namespace has its own copy of the library's data
+        assert_ne!(private, shared);
+    }
+}

@@ -58,9 +58,15 @@ impl ThreadPool {
         Ok(m)
     }
 
-    /// Takes the pool from nginx: returns (threads, max_queue) as declared
-    /// and sets nginx's thread count to 0, so the worker does not also start
-    /// nginx's own idle threads for it.
+    /// Takes the pool from nginx: returns (threads, max_queue) as declared.
+    /// nginx keeps the struct but no thread of its own ever serves it, so a
+    /// task nginx posted to it would wait forever. Hence:
+    /// - its thread count becomes 0: the worker starts no idle threads;
+    /// - its name becomes empty: what looks pools up by name at run time
+    ///   (`aio threads=$var`, `ngx.run_worker_thread`) finds no such pool
+    ///   and fails at once (`aio threads=NAME` is refused at `nginx -t`);
+    /// - its queue bound becomes 0: a post that still reaches it fails at
+    ///   once with nginx's "queue overflow" error.
     pub fn take(&self, name: &[u8]) -> Result<(usize, usize), String> {
         let m = self.mirror(name)?;
         // SAFETY: checked by mirror(); runs in the master before workers
@@ -69,7 +75,14 @@ impl ThreadPool {
             let threads = (*m).threads;
             let max_queue = (*m).max_queue.max(1) as usize;
             (*m).threads = 0;
+            (*m).max_queue = 0;
+            (*m).name.len = 0;
             Ok((threads, max_queue))
         }
+    }
+
+    /// Whether `other` (an `aio threads` setting) is this pool.
+    pub fn is(&self, other: *mut sys::ngx_thread_pool_t) -> bool {
+        self.0 == other
     }
 }

@@ -35,15 +35,10 @@ impl Chunk {
 /// Compiles `chunk` in a scratch state, so that `nginx -t` reports syntax
 /// errors, and finds its style.
 pub fn check(chunk: &Chunk) -> Result<Style, String> {
-    let lua = scratch_state();
+    // the jit library, for jit.util
+    let lua = crate::lua::scratch_state();
     let f = chunk.load(&lua)?;
     style_of(&lua, &f)
-}
-
-/// A state with the jit library (for `jit.util`); safe libs only otherwise.
-fn scratch_state() -> Lua {
-    // SAFETY: the state runs no user code; jit.util only inspects bytecode.
-    unsafe { Lua::unsafe_new() }
 }
 
 /// Whether the main function of `f` contains a VARG instruction. The VARG

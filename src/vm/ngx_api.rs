@@ -14,6 +14,8 @@ pub struct NgxEnv {
     pub lua_conf: Option<LuaConf>,
     /// For ngx.worker.
     pub worker: WorkerInfo,
+    /// lua_regex_match_limit (0: PCRE's default).
+    pub regex_match_limit: u64,
 }
 
 /// Sets the globals `ngx` and `print` in `lua`. Log lines go to `log` with
@@ -58,10 +60,17 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::R
     lua.load(include_str!("ngx_thread_api.lua"))
         .set_name("=ngx_threadpool.api")
         .call::<()>((&ngx, &prim))?;
-    super::ngx_re::install(lua, &ngx)?;
+    let re_internal = super::ngx_re::install(lua, &ngx, env.regex_match_limit)?;
     lua.load(include_str!("ngx_unavailable.lua"))
         .set_name("=ngx_threadpool.unavailable")
         .call::<()>(&ngx)?;
+    let re_module = lua
+        .load(include_str!("ngx_re_module.lua"))
+        .set_name("=ngx_threadpool.ngx_re_module")
+        .into_function()?;
+    lua.load(include_str!("ngx_require.lua"))
+        .set_name("=ngx_threadpool.require")
+        .call::<()>((&ngx, re_module, re_internal))?;
     lua.globals().set("ngx", ngx)?;
     lua.globals().set("print", print)?;
     Ok(())

@@ -3,7 +3,7 @@
 -- same PCRE (libpcre.so.3) through a private copy of it (see ngx_re.rs).
 -- Compiled patterns, their cache and the PCRE JIT stack belong to the state
 -- of one thread: nothing here is shared with another thread.
-local sym, max_cache, ngx = ...
+local sym, max_cache, match_limit, ngx = ...
 
 local ffi = require "ffi"
 local bit = require "bit"
@@ -26,6 +26,7 @@ local setmetatable = setmetatable
 local tonumber = tonumber
 local tostring = tostring
 local type = type
+local next = next
 
 if type(sym) ~= "function" then
     -- libpcre.so.3 did not load: say so where ngx.re is used, as OpenResty
@@ -37,7 +38,17 @@ end
 
 ffi.cdef [[
 typedef struct ngx_tp_pcre_s ngx_tp_pcre;
-typedef struct ngx_tp_pcre_extra_s ngx_tp_pcre_extra;
+/* pcre_extra of pcre.h: the match limit is set through it. */
+typedef struct ngx_tp_pcre_extra_s {
+    unsigned long flags;
+    void *study_data;
+    unsigned long match_limit;
+    void *callout_data;
+    const unsigned char *tables;
+    unsigned long match_limit_recursion;
+    unsigned char **mark;
+    void *executable_jit;
+} ngx_tp_pcre_extra;
 typedef struct ngx_tp_pcre_jit_stack_s ngx_tp_pcre_jit_stack;
 ]]
 
@@ -89,6 +100,7 @@ local PCRE_DUPNAMES = 0x0080000
 local PCRE_JAVASCRIPT_COMPAT = 0x2000000
 
 local PCRE_STUDY_JIT_COMPILE = 0x0001
+local PCRE_EXTRA_MATCH_LIMIT = 0x0002
 local PCRE_INFO_CAPTURECOUNT = 2
 local PCRE_INFO_NAMEENTRYSIZE = 7
 local PCRE_INFO_NAMECOUNT = 8
@@ -125,12 +137,15 @@ local dfa_ws = ffi_new("int[?]", DFA_WORKSPACE)
 local c_str = ffi.typeof("const char *")
 
 -- On failure PCRE uses the machine stack (nil here: a NULL cdata is true).
-local jit_stack = pcre_jit_stack_alloc(JIT_STACK_SIZE, JIT_STACK_SIZE)
-if jit_stack ~= nil then
-    ffi_gc(jit_stack, pcre_jit_stack_free)
-else
-    jit_stack = nil
+local function new_jit_stack(size)
+    local stack = pcre_jit_stack_alloc(JIT_STACK_SIZE, size)
+    if stack == nil then
+        return nil
+    end
+    return ffi_gc(stack, pcre_jit_stack_free)
 end
+
+local jit_stack = new_jit_stack(JIT_STACK_SIZE)
 
 local parsed_opts = {} -- opts string -> { flags, PCRE options }
 
@@ -312,6 +327,11 @@ local function compile(regex, flags, pcre_opts, replace)
         if jit_stack then
             pcre_assign_jit_stack(sd, nil, jit_stack)
         end
+        -- As lua-nginx-module: only a studied, non-DFA pattern has a limit.
+        if match_limit > 0 and band(flags, FLAG_DFA) == 0 then
+            sd.flags = bor(sd.flags, PCRE_EXTRA_MATCH_LIMIT)
+            sd.match_limit = match_limit
+        end
     else
         sd = nil -- nothing learned by studying
     end
@@ -364,6 +384,8 @@ local function compile(regex, flags, pcre_opts, replace)
         name_count = name_count,
         dupnames = band(flags, FLAG_DUPNAMES) ~= 0,
         tpl = tpl,
+        -- keeps the JIT stack it was given alive as long as the pattern
+        jit_stack = jit_stack,
     }
 end
 
@@ -707,4 +729,33 @@ function re.gsub(subj, regex, replace, opts)
                       true)
 end
 
-return re
+-- For the `ngx.re` module (ngx_re_module.lua): split and opt.
+local internal = {
+    parse_opts = parse_opts,
+    exec = exec,
+    exec_error = exec_error,
+    SMALL_OVECTOR = SMALL_OVECTOR,
+}
+
+function internal.compile(regex, opts)
+    local flags, pcre_opts = parse_opts(opts)
+    return get_compiled(KIND_MATCH, regex, opts or "", flags, pcre_opts)
+end
+
+function internal.cache_empty()
+    return next(cache_new) == nil and next(cache_old) == nil
+end
+
+-- The JIT stack of patterns compiled from now on, at least 32 KiB as in
+-- lua-nginx-module; nil and an error if PCRE cannot allocate it.
+function internal.set_jit_stack_size(size)
+    local stack = new_jit_stack(size < JIT_STACK_SIZE and JIT_STACK_SIZE
+                                or size)
+    if not stack then
+        return nil, "pcre jit stack allocation failed"
+    end
+    jit_stack = stack
+    return true
+end
+
+return re, internal

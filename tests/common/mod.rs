@@ -16,13 +16,13 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The module that `cargo test` built for this very test binary: the
+/// cdylib beside it in target/<profile>/deps/. (target/release/ holds what
+/// the last `cargo build` left, which `cargo test` does not refresh.)
 pub fn module_path() -> PathBuf {
-    let p = repo().join("target/release/libngx_threadpool.so");
-    assert!(
-        p.exists(),
-        "{} missing: run `make build` (cargo build --release) first",
-        p.display()
-    );
+    let exe = std::env::current_exe().expect("test binary path");
+    let p = exe.with_file_name("libngx_threadpool.so");
+    assert!(p.exists(), "{} missing", p.display());
     p
 }
 
@@ -338,14 +338,16 @@ pub fn nginx_test(main: &str, http: &str, files: &[(&str, &str)]) -> Output {
         config(free_port(), 1, main, http),
     )
     .unwrap();
-    Command::new(NGINX)
+    let out = Command::new(NGINX)
         .arg("-t")
         .arg("-p")
         .arg(&dir)
         .arg("-c")
         .arg("conf/nginx.conf")
         .output()
-        .unwrap()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    out
 }
 
 #[derive(Debug)]

@@ -10,7 +10,7 @@
 //! and the original notify is always called with one dispatcher that runs
 //! every pending handler. No caller can overwrite another.
 
-use crate::ngx::sys;
+use super::sys;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 type Notify = unsafe extern "C" fn(handler: sys::ngx_event_handler_pt) -> sys::ngx_int_t;
@@ -27,9 +27,15 @@ static PENDING: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
 /// notify.
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
 
-/// Installs the multiplexer in this worker. Called from init_process, after
-/// the event module has set up `ngx_event_actions`.
-pub fn install() -> Result<(), String> {
+/// What the event loop runs when pool threads woke it (the worker drains
+/// its completions), registered by install.
+static ON_WAKE: AtomicUsize = AtomicUsize::new(0);
+
+/// Installs the multiplexer in this worker, with `on_wake` to run on the
+/// event loop after pool threads called `wake`. Called from init_process,
+/// after the event module has set up `ngx_event_actions`.
+pub fn install(on_wake: fn()) -> Result<(), String> {
+    ON_WAKE.store(on_wake as usize, Ordering::Release);
     // SAFETY: init_process runs on the event-loop thread before any pool
     // thread of ours exists; nginx's threads read the pointer with plain
     // loads, and an aligned pointer store is atomic on every platform nginx
@@ -104,12 +110,17 @@ unsafe extern "C" fn dispatch(ev: *mut sys::ngx_event_t) {
 }
 
 unsafe extern "C" fn on_wake(_ev: *mut sys::ngx_event_t) {
-    crate::ngx::guard::no_unwind("completion handler", (), || {
+    super::guard::no_unwind("completion handler", (), || {
         // Clear first: a completion posted after this point sends another
         // wake-up, one posted before is drained below.
         // swap, not store: the acquire pairs with the threads' swap, so every
         // completion sent before their wake() is visible to the drain.
         WAKE_PENDING.swap(false, Ordering::AcqRel);
-        crate::pool::with_worker(|w| w.drain());
+        let f = ON_WAKE.load(Ordering::Acquire);
+        if f != 0 {
+            // SAFETY: only `fn()` pointers are stored in ON_WAKE.
+            let f: fn() = unsafe { std::mem::transmute::<usize, fn()>(f) };
+            f();
+        }
     })
 }

@@ -1,37 +1,27 @@
-//! Per-worker pools: threads, their job channels, and the worker's state on
-//! the event loop.
+//! The worker's state, on the event-loop thread: its pools (threads and job
+//! channels), its task records and the completions coming back.
 //!
-//! Each pool has a crossbeam channel of jobs, bounded at `max_queue`
-//! read by its threads. Every thread posts completions to the one
-//! completion channel of the worker and wakes the event loop (notify.rs).
+//! Each pool has a crossbeam channel of jobs, bounded at `max_queue`, read
+//! by its threads (threads.rs). Every thread posts completions to the one
+//! completion channel of the worker and wakes the event loop
+//! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
-use crate::notify;
-use crate::task::{RequestTasks, TaskId, Tasks};
-use crate::vm::{self, Spec, ThreadVm};
+mod error;
+pub mod tasks;
+mod threads;
+
+pub use error::WorkerError;
+
+use crate::ngx::log;
+use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// A pool thread's stack: the event loop's under Linux's default `ulimit -s`
-/// (Rust's default, 2 MiB, is less), so that code recursing on the C stack,
-/// like PCRE matching without JIT, gets as deep as in the event loop.
-const THREAD_STACK_SIZE: usize = 8 << 20;
-
-/// A task on its way to a pool thread.
-pub struct Job {
-    pub task: TaskId,
-    pub payload: Vec<u8>,
-}
-
-/// A finished task on its way back: the payload now holds the results.
-pub struct Completion {
-    pub task: TaskId,
-    pub payload: Vec<u8>,
-    pub failed: bool,
-}
+use tasks::{RequestTasks, TaskId, Tasks};
+use threads::{thread_main, Completion, Job, THREAD_STACK_SIZE};
 
 struct Pool {
     name: String,
@@ -66,16 +56,10 @@ pub fn with_worker<R>(f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
     WORKER.with(|w| w.try_borrow_mut().ok()?.as_mut().map(f))
 }
 
-/// Why a push did not queue the task.
-pub enum PushError {
-    Full,
-    Other(String),
-}
-
 impl Worker {
     /// Starts the threads of every pool; `specs` pairs each pool's spec
     /// with its (threads, max_queue).
-    pub fn start(specs: Vec<(Spec, usize, usize)>) -> Result<(), String> {
+    pub fn start(specs: Vec<(Spec, usize, usize)>) -> Result<(), WorkerError> {
         let (done_tx, done_rx) = unbounded();
         let stopping = Arc::new(AtomicBool::new(false));
         let mut pools = Vec::with_capacity(specs.len());
@@ -89,11 +73,19 @@ impl Worker {
                     .name(format!("tp {}", spec.pool))
                     .stack_size(THREAD_STACK_SIZE)
                     .spawn(move || thread_main(thread_spec, i, rx, done, stopping))
-                    .map_err(|e| {
-                        format!("thread pool \"{}\": cannot start a thread: {e}", spec.pool)
+                    .map_err(|err| WorkerError::ThreadSpawn {
+                        pool: spec.pool.clone(),
+                        err,
                     })?;
                 handles.push(handle);
             }
+            log::message(
+                log::NGX_LOG_NOTICE,
+                format_args!(
+                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}",
+                    spec.pool
+                ),
+            );
             pools.push(Pool {
                 name: spec.pool,
                 max_queue,
@@ -121,22 +113,20 @@ impl Worker {
         pool: usize,
         owner: *mut RequestTasks,
         args: &[u8],
-    ) -> Result<TaskId, PushError> {
-        let pool = self
-            .pools
-            .get(pool)
-            .ok_or_else(|| PushError::Other("no such thread pool".into()))?;
-        let jobs = pool
-            .jobs
-            .as_ref()
-            .ok_or_else(|| PushError::Other("thread pool is stopped".into()))?;
+    ) -> Result<TaskId, WorkerError> {
+        let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
+        let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
         if jobs.len() >= pool.max_queue {
-            return Err(PushError::Full);
+            return Err(WorkerError::QueueFull);
         }
-        // SAFETY: forwarded from the caller.
-        let task = unsafe { self.tasks.start(owner) }.map_err(PushError::Other)?;
         let mut payload = self.tasks.buffer();
+        // The size comes from the caller's values: fail, do not abort.
+        if payload.try_reserve(args.len()).is_err() {
+            return Err(WorkerError::NoMemory);
+        }
         payload.extend_from_slice(args);
+        // SAFETY: forwarded from the caller.
+        let task = unsafe { self.tasks.start(owner) }?;
         if let Err(e) = jobs.send(Job { task, payload }) {
             // Every thread is gone: abandon, then complete, which frees the
             // record at once.
@@ -144,8 +134,13 @@ impl Worker {
             if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
                 self.tasks.recycle(buf);
             }
-            return Err(PushError::Other("thread pool is stopped".into()));
+            return Err(WorkerError::Stopped);
         }
+        log::debug(format_args!(
+            "task {task:#x} queued for thread pool \"{}\", {} bytes",
+            pool.name,
+            args.len()
+        ));
         Ok(task)
     }
 
@@ -157,6 +152,11 @@ impl Worker {
             }
         }
     }
+}
+
+/// Takes every completion posted so far (the event loop's wake-up).
+pub fn drain() {
+    with_worker(|w| w.drain());
 }
 
 /// Stops the worker's pools at process exit: queued jobs are dropped,
@@ -180,84 +180,21 @@ pub fn stop(grace: Duration) {
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                crate::ngx::log::cycle_error(&format!(
-                    "thread pool \"{}\": a task is still running at exit, leaving its thread",
-                    p.name
-                ));
+                log::message(
+                    log::NGX_LOG_WARN,
+                    format_args!(
+                        "thread pool \"{}\": a task is still running at exit, leaving its thread",
+                        p.name
+                    ),
+                );
             }
         }
+    }
+    for p in &worker.pools {
+        log::message(
+            log::NGX_LOG_NOTICE,
+            format_args!("thread pool \"{}\": stopped", p.name),
+        );
     }
     worker.tasks.clear();
-}
-
-fn thread_main(
-    spec: Spec,
-    index: usize,
-    jobs: Receiver<Job>,
-    done: Sender<Completion>,
-    stopping: Arc<AtomicBool>,
-) {
-    crate::ngx::os::block_async_signals();
-    crate::ngx::os::lower_priority(PRIORITY_DROP);
-    let log = spec.log;
-    let report = |level, msg: &str| match log {
-        Some(l) => l.write(level, msg.as_bytes()),
-        None => eprintln!("{msg}"),
-    };
-    let vm = crate::ngx::guard::catch(|| ThreadVm::new(&spec))
-        .and_then(|r| r)
-        .map_err(|e| {
-            report(
-                crate::ngx::log::NGX_LOG_ERR,
-                &format!("thread pool \"{}\" thread #{index}: {e}", spec.pool),
-            );
-            format!("thread pool \"{}\" is not usable: {e}", spec.pool)
-        });
-    while let Some(mut job) = next_job(&jobs) {
-        if stopping.load(Ordering::Relaxed) {
-            continue;
-        }
-        let failed = match &vm {
-            Ok(vm) => crate::ngx::guard::catch(|| vm.run(&mut job.payload))
-                .unwrap_or_else(|panic| vm::fail(&mut job.payload, &panic)),
-            Err(msg) => vm::fail(&mut job.payload, msg),
-        };
-        if done
-            .send(Completion {
-                task: job.task,
-                payload: job.payload,
-                failed,
-            })
-            .is_err()
-        {
-            break;
-        }
-        notify::wake();
-    }
-}
-
-/// How much lower than the event loop pool threads run (nice). On a loaded
-/// machine the event loop then gets the CPU first when it has work: a
-/// static request waits less behind CPU-heavy tasks, which still get the
-/// rest of the CPU.
-const PRIORITY_DROP: i32 = 5;
-
-/// How long a thread that ran out of jobs polls before it parks. When tasks
-/// come back to back (one caller pushing in a loop), the next one arrives
-/// within microseconds: polling saves the futex wake-up on both sides, which
-/// `make bench` measured at 1.6x the round trips per second at concurrency 1.
-const SPIN: Duration = Duration::from_micros(50);
-
-fn next_job(jobs: &Receiver<Job>) -> Option<Job> {
-    let start = Instant::now();
-    loop {
-        match jobs.try_recv() {
-            Ok(job) => return Some(job),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < SPIN => {
-                std::hint::spin_loop()
-            }
-            Err(crossbeam_channel::TryRecvError::Empty) => return jobs.recv().ok(),
-        }
-    }
 }

@@ -6,14 +6,19 @@
 //! only marked, and the completion that arrives later frees it. The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
+use super::{with_worker, WorkerError};
+use crate::ngx::log;
 use crate::ngx::lua::Sema;
-use crate::pool::with_worker;
 
 /// A task's handle as the shim holds it: generation << 32 | slot. A stale or
 /// forged handle names no live record and is refused.
 pub type TaskId = u64;
 
 const NONE: u32 = u32::MAX;
+/// Payload buffers up to this size are kept for reuse.
+pub const KEEP: usize = 64 * 1024;
+/// Payload buffers from this size are given back to the system when freed.
+pub const LARGE: usize = 1024 * 1024;
 /// Generations stay below 2^20 so a handle is exact as a Lua number.
 const GEN_MASK: u32 = (1 << 20) - 1;
 
@@ -88,12 +93,15 @@ impl Tasks {
     }
 
     /// Returns a payload buffer for reuse (small ones only: a 1 MiB payload
-    /// should not pin 1 MiB per spare).
+    /// should not pin 1 MiB per spare). Freeing a large one gives the
+    /// memory back to the system.
     pub fn recycle(&mut self, mut buf: Vec<u8>) {
-        const KEEP: usize = 64 * 1024;
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
+        } else if buf.capacity() >= LARGE {
+            drop(buf);
+            crate::ngx::os::give_back_free_memory();
         }
     }
 
@@ -101,12 +109,11 @@ impl Tasks {
     ///
     /// # Safety
     /// `owner` must be live until it is dropped, which unlinks its records.
-    pub unsafe fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, String> {
+    pub unsafe fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i =
-                    u32::try_from(self.slots.len()).map_err(|_| "too many tasks".to_string())?;
+                let i = u32::try_from(self.slots.len()).map_err(|_| WorkerError::TooManyTasks)?;
                 self.slots.push(Slot {
                     gen: 1,
                     state: State::Free,
@@ -127,7 +134,7 @@ impl Tasks {
                 Ok(s) => slot.sema = Some(s),
                 Err(e) => {
                     self.free.push(index);
-                    return Err(e);
+                    return Err(WorkerError::Semaphore(e));
                 }
             }
         }
@@ -181,10 +188,14 @@ impl Tasks {
                     sema.post();
                     slot.sema_posted = true;
                 }
+                log::debug(format_args!("task {id:#x} done, resuming its caller"));
                 Some(old)
             }
             State::Abandoned => {
                 self.release_index(index);
+                log::debug(format_args!(
+                    "task {id:#x} done, dropped: its caller is gone"
+                ));
                 Some(payload)
             }
             State::Free | State::Done => Some(payload),

@@ -1,0 +1,217 @@
+//! The decoder: a payload into Lua values of a pool thread's state, built
+//! straight from the msgpack stream on the raw stack (stack.rs).
+
+use super::wire::NEST_SLOTS;
+use super::wire::{MAX_DEPTH, MAX_VALUES, NOT_ENOUGH_MEMORY};
+use crate::lua::stack::{build_values, Builder};
+use mlua::{Lua, MultiValue};
+use serde::de::{
+    self, Deserialize, DeserializeSeed, Deserializer as _, MapAccess, SeqAccess, Visitor,
+};
+use std::ffi::c_int;
+use std::fmt;
+use std::io;
+
+/// Decodes a payload into Lua values in `lua`.  Absent positions are nil;
+/// msgpack nil becomes `Value::NULL` (ngx.null).
+pub fn decode_values(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
+    decode_inner(lua, bytes).map_err(|e| {
+        if e == NOT_ENOUGH_MEMORY {
+            e
+        } else {
+            format!("bad payload: {e}")
+        }
+    })
+}
+
+fn decode_inner(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
+    let mut rd = bytes;
+    let n: u64 = rmp::decode::read_int(&mut rd).map_err(|_| "bad value count".to_string())?;
+    if n > MAX_VALUES as u64 {
+        return Err("bad value count".to_string());
+    }
+    let n = n as usize;
+    let k = rmp::decode::read_map_len(&mut rd).map_err(|_| "expected a map".to_string())? as usize;
+    if k > n {
+        return Err("more values than the count".to_string());
+    }
+    build_values(lua, n, NEST_SLOTS, |b| {
+        decode_entries(b, rd, n, k, bytes.len())
+    })
+}
+
+/// Decodes the `k` map entries left in `rd` into the `n` value slots.
+fn decode_entries(b: &Builder, rd: &[u8], n: usize, k: usize, cap: usize) -> Result<(), String> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(rd);
+    let seed = ValueSeed { b, depth: 0, cap };
+    for _ in 0..k {
+        let pos = u64::deserialize(&mut de).map_err(|e| format!("bad position: {e}"))?;
+        let pos = usize::try_from(pos)
+            .ok()
+            .filter(|p| (1..=n).contains(p))
+            .ok_or_else(|| "bad position".to_string())?;
+        seed.deserialize(&mut de).map_err(|e| e.to_string())?;
+        b.place(pos);
+    }
+    // The slice reader does not say what is left, but reading an option
+    // takes exactly one marker byte, and only an empty input fails there.
+    match (&mut de).deserialize_option(EndProbe) {
+        Err(rmp_serde::decode::Error::InvalidMarkerRead(e))
+            if e.kind() == io::ErrorKind::UnexpectedEof =>
+        {
+            Ok(())
+        }
+        _ => Err("trailing bytes".to_string()),
+    }
+}
+
+/// Accepts whatever marker comes without reading past it.
+struct EndProbe;
+
+impl<'de> Visitor<'de> for EndProbe {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("anything")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
+        Ok(())
+    }
+}
+
+/// What a seed pushed, as far as table keys care.
+enum Pushed {
+    Null,
+    NaN,
+    Other,
+}
+
+/// Builds one Lua value straight from the msgpack stream, pushing it
+/// through `b`.
+#[derive(Clone, Copy)]
+struct ValueSeed<'b> {
+    b: &'b Builder,
+    /// Number of tables enclosing the value.
+    depth: usize,
+    /// Upper bound for table preallocation: a count in a corrupt payload must
+    /// not make us allocate more than the payload could hold.
+    cap: usize,
+}
+
+impl ValueSeed<'_> {
+    fn inner(self) -> Self {
+        ValueSeed {
+            depth: self.depth + 1,
+            ..self
+        }
+    }
+
+    fn check_depth<E: de::Error>(&self) -> Result<(), E> {
+        if self.depth + 1 > MAX_DEPTH {
+            return Err(E::custom(format!("tables nested deeper than {MAX_DEPTH}")));
+        }
+        Ok(())
+    }
+
+    /// Pushes a new table with room for `narr` array and `nrec` hash items;
+    /// returns its stack index.
+    fn push_table(&self, narr: usize, nrec: usize) -> c_int {
+        let size = |n: usize| n.min(self.cap).min(c_int::MAX as usize) as c_int;
+        self.b.push_table(size(narr), size(nrec))
+    }
+
+    fn push_number<E: de::Error>(&self, f: f64) -> Result<Pushed, E> {
+        self.b.push_number(f);
+        Ok(if f.is_nan() {
+            Pushed::NaN
+        } else {
+            Pushed::Other
+        })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
+    type Value = Pushed;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Pushed, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ValueSeed<'_> {
+    type Value = Pushed;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a msgpack value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Pushed, E> {
+        self.b.push_null();
+        Ok(Pushed::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Pushed, E> {
+        self.visit_unit()
+    }
+
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Pushed, E> {
+        self.b.push_bool(b);
+        Ok(Pushed::Other)
+    }
+
+    fn visit_i64<E: de::Error>(self, i: i64) -> Result<Pushed, E> {
+        // Through f64: that is all a Lua number can hold.
+        self.push_number(i as f64)
+    }
+
+    fn visit_u64<E: de::Error>(self, u: u64) -> Result<Pushed, E> {
+        self.push_number(u as f64)
+    }
+
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Pushed, E> {
+        self.push_number(f)
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Pushed, E> {
+        self.visit_bytes(s.as_bytes())
+    }
+
+    fn visit_bytes<E: de::Error>(self, b: &[u8]) -> Result<Pushed, E> {
+        self.b.push_bytes(b);
+        Ok(Pushed::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Pushed, A::Error> {
+        self.check_depth()?;
+        let t = self.push_table(seq.size_hint().unwrap_or(0), 0);
+        let mut i: c_int = 0;
+        while seq.next_element_seed(self.inner())?.is_some() {
+            i = i
+                .checked_add(1)
+                .ok_or_else(|| de::Error::custom("array too long"))?;
+            self.b.set_index(t, i);
+        }
+        Ok(Pushed::Other)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pushed, A::Error> {
+        self.check_depth()?;
+        let t = self.push_table(0, map.size_hint().unwrap_or(0));
+        while let Some(key) = map.next_key_seed(self.inner())? {
+            match key {
+                Pushed::Null => return Err(de::Error::custom("nil table key")),
+                Pushed::NaN => return Err(de::Error::custom("NaN table key")),
+                Pushed::Other => {}
+            }
+            map.next_value_seed(self.inner())?;
+            // the key is neither nil nor NaN
+            self.b.set_field(t);
+        }
+        Ok(Pushed::Other)
+    }
+}

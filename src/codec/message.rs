@@ -1,0 +1,195 @@
+//! Error messages of the encoder, worded and formatted as the event loop's
+//! codec (lua/resty/threadpool/codec.lua) words them.
+
+use super::wire::{MAX_DEPTH, MAX_PAYLOAD};
+use mlua::ffi;
+use mlua::Value;
+use serde::ser;
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_int, c_void};
+use std::fmt;
+
+pub(super) enum Kind {
+    /// Value of this Lua type cannot be passed.
+    Type(&'static str),
+    /// Table key of this Lua type cannot be passed.
+    Key(&'static str),
+    Cyclic,
+    Deep,
+    Size,
+    /// A Lua error (out of memory) while walking a table.
+    Lua(String),
+}
+
+pub(super) struct EncError {
+    pub(super) kind: Kind,
+    /// Path segments, innermost first: they are added while unwinding so
+    /// that the success path never formats anything.
+    pub(super) segs: Vec<String>,
+}
+
+/// State shared by the whole encoding of one payload.
+pub(super) struct Ctx<'a> {
+    /// Tables being visited, to tell a cycle from a shared subtable.
+    pub(super) stack: RefCell<Vec<*const c_void>>,
+    /// Bytes of the payload written so far.
+    pub(super) written: &'a Cell<usize>,
+    /// The real error; the serializer only carries a placeholder.
+    pub(super) err: RefCell<Option<EncError>>,
+}
+
+impl Ctx<'_> {
+    pub(super) fn fail<E: ser::Error>(&self, kind: Kind) -> E {
+        *self.err.borrow_mut() = Some(EncError {
+            kind,
+            segs: Vec::new(),
+        });
+        E::custom("lua value cannot be encoded")
+    }
+
+    pub(super) fn add_seg(&self, seg: impl FnOnce() -> String) {
+        if let Some(e) = self.err.borrow_mut().as_mut() {
+            e.segs.push(seg());
+        }
+    }
+
+    pub(super) fn message(&self, what: &str, pos: usize, fallback: impl fmt::Display) -> String {
+        let Some(e) = self.err.borrow_mut().take() else {
+            return format!("cannot encode {what} #{pos}: {fallback}");
+        };
+        let path: String = e.segs.iter().rev().map(String::as_str).collect();
+        let at = if path.is_empty() {
+            String::new()
+        } else {
+            format!(" at {path}")
+        };
+        match e.kind {
+            Kind::Type(t) => format!("cannot pass {t} in {what} #{pos}{at}"),
+            Kind::Key(t) => format!("cannot pass table key {t} in {what} #{pos}{at}"),
+            Kind::Cyclic => format!("cyclic table in {what} #{pos}{at}"),
+            Kind::Deep => format!("table nested deeper than {MAX_DEPTH} in {what} #{pos}{at}"),
+            Kind::Size => size_message(what),
+            Kind::Lua(msg) => format!("cannot encode {what} #{pos}{at}: {msg}"),
+        }
+    }
+}
+
+pub(super) fn size_message(what: &str) -> String {
+    format!("{what}s exceed {MAX_PAYLOAD} bytes")
+}
+
+/// Lua's `type()` name of a value (mlua says "integer" for some numbers).
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Boolean(_) => "boolean",
+        Value::Integer(_) | Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Table(_) => "table",
+        Value::Function(_) => "function",
+        Value::Thread(_) => "thread",
+        // Error is a userdata inside Lua; light userdata is "userdata" too.
+        Value::LightUserData(_) | Value::UserData(_) | Value::Error(_) => "userdata",
+        // On LuaJIT the only type mlua does not know is cdata.
+        _ => "cdata",
+    }
+}
+
+/// Lua's `type()` name for a `lua_type` code.
+pub(super) fn lua_type_name(t: c_int) -> &'static str {
+    match t {
+        ffi::LUA_TNIL => "nil",
+        ffi::LUA_TBOOLEAN => "boolean",
+        ffi::LUA_TLIGHTUSERDATA | ffi::LUA_TUSERDATA => "userdata",
+        ffi::LUA_TNUMBER => "number",
+        ffi::LUA_TSTRING => "string",
+        ffi::LUA_TTABLE => "table",
+        ffi::LUA_TFUNCTION => "function",
+        ffi::LUA_TTHREAD => "thread",
+        // LuaJIT's only other type a value can have.
+        _ => "cdata",
+    }
+}
+
+/// Escapes a key for an error message: a valid Lua string literal body,
+/// ASCII only.
+pub(super) fn escape(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            0..=0x1f | 0x7f..=0xff => out.push_str(&format!("\\{b:03}")),
+            _ => out.push(b as char),
+        }
+    }
+    out
+}
+
+/// Formats like LuaJIT's `tostring(number)` ("%.14g", ties away from zero),
+/// so both sides print numeric keys alike.
+pub(super) fn format_g14(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".to_string();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.to_string();
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0" } else { "0" }.to_string();
+    }
+    let sign = if x < 0.0 { "-" } else { "" };
+    // Plenty of digits to round from by hand: Rust rounds ties to even,
+    // LuaJIT away from zero, and only the 15th digit decides.
+    let sci = format!("{:.40e}", x.abs());
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let mut exp: i32 = exp.parse().unwrap_or(0);
+    let mut digits: Vec<u8> = mant
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .map(|d| d - b'0')
+        .collect();
+    let round_up = digits.get(14).is_some_and(|&d| d >= 5);
+    digits.truncate(14);
+    if round_up {
+        let mut i = digits.len();
+        loop {
+            if i == 0 {
+                digits.insert(0, 1);
+                digits.truncate(14);
+                exp += 1;
+                break;
+            }
+            i -= 1;
+            if digits[i] == 9 {
+                digits[i] = 0;
+            } else {
+                digits[i] += 1;
+                break;
+            }
+        }
+    }
+    while digits.len() > 1 && digits.last() == Some(&0) {
+        digits.pop();
+    }
+    let ds: String = digits.iter().map(|d| char::from(b'0' + d)).collect();
+    if !(-4..14).contains(&exp) {
+        let (head, tail) = ds.split_at(1);
+        let dot = if tail.is_empty() { "" } else { "." };
+        let esign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{head}{dot}{tail}e{esign}{:02}", exp.abs())
+    } else if exp < 0 {
+        format!("{sign}0.{}{ds}", "0".repeat((-exp - 1) as usize))
+    } else {
+        let int_len = exp as usize + 1;
+        if ds.len() <= int_len {
+            format!("{sign}{ds}{}", "0".repeat(int_len - ds.len()))
+        } else {
+            let (i, f) = ds.split_at(int_len);
+            format!("{sign}{i}.{f}")
+        }
+    }
+}

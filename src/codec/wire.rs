@@ -1,0 +1,85 @@
+//! The payload format's limits and the writer that builds a payload (the
+//! layout is in the codec's module comment).
+
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::io;
+
+/// Deepest table nesting that can be passed (a top-level table is level 1).
+pub const MAX_DEPTH: usize = 100;
+
+/// Largest payload, in encoded bytes.
+pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
+
+/// Most values in one payload.  LuaJIT cannot push or `unpack` more than
+/// about 8000 values at once, so this leaves room and bounds what a count in
+/// a corrupt payload can make the decoder allocate.
+pub const MAX_VALUES: usize = 4096;
+pub use crate::lua::NOT_ENOUGH_MEMORY;
+
+const TWO63: f64 = 9_223_372_036_854_775_808.0;
+
+/// Lua stack slots that walking or building MAX_DEPTH nested tables needs
+/// above the outermost one: at most two per level (key and value while
+/// walking a map; table and key while building one) and a leaf.  Reserved
+/// once up front, so that pushes need no check each.
+pub(super) const NEST_SLOTS: c_int = 2 * MAX_DEPTH as c_int + 2;
+
+/// Appends to the output and counts the payload's bytes, so that the
+/// `Serialize` impls (which never see the writer) can enforce MAX_PAYLOAD.
+pub(super) struct CountingWriter<'a> {
+    pub(super) out: &'a mut Vec<u8>,
+    pub(super) written: &'a Cell<usize>,
+    /// Set when the output could not grow: the payload's size comes from
+    /// user data, so running out of memory is an error, not an abort.
+    pub(super) oom: &'a Cell<bool>,
+}
+
+impl io::Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if self.out.try_reserve(buf.len()).is_err() {
+            self.oom.set(true);
+            return Err(io::ErrorKind::OutOfMemory.into());
+        }
+        self.out.extend_from_slice(buf);
+        self.written.set(self.written.get() + buf.len());
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes of a msgpack bin header for `len` bytes.
+pub(super) fn bin_header_len(len: usize) -> usize {
+    if len < 256 {
+        2
+    } else if len < 65536 {
+        3
+    } else {
+        5
+    }
+}
+
+/// `f` as an i64 when it is integral and in int64 range.  (Not through
+/// `f.trunc()`: without SSE4.1 that is a slow library call.)
+pub(super) fn as_int(f: f64) -> Option<i64> {
+    let i = f as i64;
+    ((-TWO63..TWO63).contains(&f) && i as f64 == f).then_some(i)
+}
+
+/// The payload of one string value (an error message), for when no Lua
+/// state is at hand.
+pub fn encode_string(s: &[u8], out: &mut Vec<u8>) {
+    // Writing to a Vec cannot fail.
+    let _ = rmp::encode::write_uint(out, 1);
+    let _ = rmp::encode::write_map_len(out, 1);
+    let _ = rmp::encode::write_uint(out, 1);
+    let _ = rmp::encode::write_bin(out, s);
+}

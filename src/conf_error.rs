@@ -1,0 +1,59 @@
+//! Configuration errors: what `nginx -t` prints, at emerg, with the file
+//! and line.
+
+use std::fmt;
+
+#[derive(Debug)]
+pub enum ConfError {
+    /// Errors of a directive: nginx prints `"<directive>" directive <this>
+    /// in <file>:<line>`.
+    PoolNameNotUtf8,
+    NoMemory,
+    Read {
+        path: String,
+        err: std::io::Error,
+    },
+    /// The block's text (conf_block.rs says why it could not be read).
+    Block(String),
+    Compile(String),
+    Duplicate {
+        pool: String,
+    },
+    /// Errors found once the whole configuration is read (init_module).
+    NoProcess {
+        pool: String,
+        at: String,
+    },
+    SharedWithAio {
+        pool: String,
+        place: String,
+        at: String,
+    },
+    /// nginx's `thread_pool` struct did not read as expected.
+    Layout(String),
+}
+
+impl fmt::Display for ConfError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            ConfError::PoolNameNotUtf8 => f.write_str("pool name is not UTF-8"),
+            ConfError::NoMemory => f.write_str("no memory"),
+            ConfError::Read { path, err } => write!(f, "cannot read \"{path}\": {err}"),
+            ConfError::Block(msg) => f.write_str(msg),
+            ConfError::Compile(msg) => write!(f, "failed to compile: {msg}"),
+            ConfError::Duplicate { pool } => write!(f, "is duplicate for pool \"{pool}\""),
+            ConfError::NoProcess { pool, at } => write!(
+                f,
+                "thread pool \"{pool}\" has thread_pool_init_by_lua but no \
+                 thread_pool_process_by_lua in {at}"
+            ),
+            ConfError::SharedWithAio { pool, place, at } => write!(
+                f,
+                "thread pool \"{pool}\" has a thread_pool_process_by_lua handler and cannot \
+                 also serve \"aio threads\" (in {place}): declare another thread_pool for aio, \
+                 in {at}"
+            ),
+            ConfError::Layout(msg) => f.write_str(msg),
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Why the worker could not do what was asked.
+
+use std::fmt;
+
+#[derive(Debug)]
+pub enum WorkerError {
+    /// The pool's queue holds `max_queue` tasks (the caller may run the
+    /// work itself).
+    QueueFull,
+    NoSuchPool,
+    /// The worker is exiting, or every thread of the pool is gone.
+    Stopped,
+    /// More task records than a handle can name (2^32).
+    TooManyTasks,
+    /// A buffer for the task's payload could not be allocated.
+    NoMemory,
+    /// lua-nginx-module would not create a semaphore.
+    Semaphore(String),
+    ThreadSpawn {
+        pool: String,
+        err: std::io::Error,
+    },
+}
+
+impl fmt::Display for WorkerError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            WorkerError::QueueFull => f.write_str("queue full"),
+            WorkerError::NoSuchPool => f.write_str("no such thread pool"),
+            WorkerError::Stopped => f.write_str("thread pool is stopped"),
+            WorkerError::TooManyTasks => f.write_str("too many tasks"),
+            WorkerError::NoMemory => f.write_str(crate::lua::NOT_ENOUGH_MEMORY),
+            WorkerError::Semaphore(why) => write!(f, "cannot create a semaphore: {why}"),
+            WorkerError::ThreadSpawn { pool, err } => {
+                write!(f, "thread pool \"{pool}\": cannot start a thread: {err}")
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! A pool thread: its Lua state, its loop over the pool's job channel, and
+//! how it goes idle.
+
+use super::tasks::{TaskId, LARGE};
+use crate::ngx::{guard, log, notify, os};
+use crate::vm::{self, Outcome, Spec, ThreadVm};
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A pool thread's stack: the event loop's under Linux's default `ulimit -s`
+/// (Rust's default, 2 MiB, is less), so that code recursing on the C stack,
+/// like PCRE matching without JIT, gets as deep as in the event loop.
+pub(super) const THREAD_STACK_SIZE: usize = 8 << 20;
+
+/// A task on its way to a pool thread.
+pub struct Job {
+    pub task: TaskId,
+    pub payload: Vec<u8>,
+}
+
+/// A finished task on its way back: the payload now holds the results.
+pub struct Completion {
+    pub task: TaskId,
+    pub payload: Vec<u8>,
+    pub failed: bool,
+}
+
+pub(super) fn thread_main(
+    spec: Spec,
+    index: usize,
+    jobs: Receiver<Job>,
+    done: Sender<Completion>,
+    stopping: Arc<AtomicBool>,
+) {
+    os::block_async_signals();
+    os::lower_priority(PRIORITY_DROP);
+    let pool = &spec.pool;
+    // nginx's own thread pools log from their threads the same way.
+    let report = |level, args: std::fmt::Arguments| match spec.log {
+        Some(l) => l.message(level, args),
+        None => eprintln!("{}{args}", log::PREFIX),
+    };
+    let debug = |args: std::fmt::Arguments| {
+        if let Some(l) = spec.log {
+            l.debug(args);
+        }
+    };
+    let build = || {
+        guard::catch(|| ThreadVm::new(&spec))
+            .and_then(|r| r)
+            .map_err(|e| {
+                report(
+                    log::NGX_LOG_ERR,
+                    format_args!("thread pool \"{pool}\" thread #{index}: {e}"),
+                );
+                format!("thread pool \"{pool}\" is not usable: {e}")
+            })
+    };
+    let mut vm = build();
+    // Payload bytes handled since the thread last gave memory back.
+    let mut handled = 0;
+    let give_back = |vm: &Result<ThreadVm, String>, handled: &mut usize| {
+        if *handled >= LARGE {
+            if let Ok(vm) = vm {
+                vm.collect_garbage();
+            }
+            os::give_back_free_memory();
+        }
+        *handled = 0;
+    };
+    while let Some(mut job) = next_job(&jobs, || give_back(&vm, &mut handled)) {
+        handled += job.payload.len();
+        if stopping.load(Ordering::Relaxed) {
+            continue;
+        }
+        debug(format_args!(
+            "task {:#x} started in thread pool \"{pool}\" thread #{index}",
+            job.task
+        ));
+        let outcome = match &vm {
+            Ok(vm) => guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
+                vm::fail(&mut job.payload, &panic);
+                Outcome::Failed
+            }),
+            Err(msg) => {
+                vm::fail(&mut job.payload, msg);
+                Outcome::Failed
+            }
+        };
+        debug(format_args!(
+            "task {:#x} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
+            job.task,
+            job.payload.len()
+        ));
+        if let Outcome::Broken(why) = &outcome {
+            report(
+                log::NGX_LOG_WARN,
+                format_args!(
+                    "thread pool \"{pool}\" thread #{index}: {why}; rebuilding its Lua state"
+                ),
+            );
+            // The old state goes first: its memory is what the new one needs.
+            drop(vm);
+            vm = build();
+        }
+        handled += job.payload.len();
+        if done
+            .send(Completion {
+                task: job.task,
+                payload: job.payload,
+                failed: outcome != Outcome::Done,
+            })
+            .is_err()
+        {
+            break;
+        }
+        notify::wake();
+    }
+}
+
+/// How much lower than the event loop pool threads run (nice). On a loaded
+/// machine the event loop then gets the CPU first when it has work: a
+/// static request waits less behind CPU-heavy tasks, which still get the
+/// rest of the CPU.
+const PRIORITY_DROP: i32 = 5;
+
+/// How long a thread that ran out of jobs polls before it parks. When tasks
+/// come back to back (one caller pushing in a loop), the next one arrives
+/// within microseconds: polling saves the futex wake-up on both sides, which
+/// `make bench` measured at 1.6x the round trips per second at concurrency 1.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// The next job; `idle` runs once before the thread parks.
+fn next_job(jobs: &Receiver<Job>, idle: impl FnOnce()) -> Option<Job> {
+    let start = Instant::now();
+    loop {
+        match jobs.try_recv() {
+            Ok(job) => return Some(job),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) if start.elapsed() < SPIN => {
+                std::hint::spin_loop()
+            }
+            Err(crossbeam_channel::TryRecvError::Empty) => {
+                idle();
+                return jobs.recv().ok();
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Nothing a handler does takes the worker down: errors raised by
+//! finalizers (during the task or during a later one), error objects whose
+//! `__tostring` fails, and running out of memory all become `nil, err` for
+//! some caller, and the thread goes on serving.
+
+mod common;
+
+use common::Nginx;
+use std::time::Duration;
+
+const HANDLER: &str = r#"
+local ffi = require "ffi"
+
+local function bad_cdata()
+    return ffi.gc(ffi.new("char[?]", 1024), function() error("finalizer boom") end)
+end
+
+local function bad_proxy()
+    local p = newproxy(true)
+    getmetatable(p).__gc = function() error("proxy boom") end
+    return p
+end
+
+-- Allocates until the collector has run several full cycles.
+local function churn()
+    for _ = 1, 20 do
+        local t = {}
+        for i = 1, 20000 do t[i] = { i } end
+    end
+    collectgarbage()
+end
+
+return function(op)
+    if op == "gc in task" then
+        for _ = 1, 100 do bad_cdata() end
+        churn()
+        return "survived"
+    elseif op == "proxy in task" then
+        for _ = 1, 100 do bad_proxy() end
+        churn()
+        return "survived"
+    elseif op == "leave garbage" then
+        for _ = 1, 100 do bad_cdata() bad_proxy() end
+        return "left"
+    elseif op == "innocent" then
+        churn()
+        return "innocent"
+    elseif op == "bad tostring" then
+        -- cannot cross (a function inside), and has no text either
+        error(setmetatable({ f = print }, { __tostring = function() error("no text") end }))
+    elseif op == "oom" then
+        local t = {}
+        local i = 0
+        while true do
+            i = i + 1
+            t[i] = ("x"):rep(1024 * 1024) .. i
+        end
+    end
+    return op
+end
+"#;
+
+const LOCATIONS: &str = r#"
+    server {
+        listen 127.0.0.1:$PORT;
+        location / {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local res, err = tp.iso:push_task(ngx.unescape_uri(ngx.var.arg_op))
+                ngx.print(tostring(res), " ", tostring(err))
+            }
+        }
+        location /static { return 200 "static"; }
+    }
+"#;
+
+fn http() -> String {
+    format!("thread_pool_process_by_lua_block iso {{ {HANDLER} }}\n{LOCATIONS}")
+}
+
+fn start() -> Nginx {
+    Nginx::start_with(1, "thread_pool iso threads=1;", &http(), &[])
+}
+
+fn call(ngx: &Nginx, op: &str) -> String {
+    let resp = common::try_request(
+        ngx.port,
+        "GET",
+        &format!("/?op={}", op.replace(' ', "%20")),
+        &[],
+        b"",
+        Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("{op}: no response ({e})\nerror.log:\n{}", ngx.error_log()));
+    resp.text()
+}
+
+/// Tasks until one runs clean: a finalizer left from an earlier task may
+/// raise in the next ones (as on the event loop), and runs only once.
+fn ping_until_clean(ngx: &Nginx) {
+    for _ in 0..10 {
+        let out = call(ngx, "ping");
+        if out == "ping nil" {
+            return;
+        }
+        assert!(out.contains("boom"), "{out}");
+    }
+    panic!("no clean task in 10");
+}
+
+#[test]
+fn finalizer_errors_during_the_task_are_the_tasks_errors() {
+    let ngx = start();
+    let pid = ngx.workers();
+    for op in ["gc in task", "proxy in task"] {
+        let out = call(&ngx, op);
+        assert!(out == "survived nil" || out.contains("boom"), "{op}: {out}");
+        ping_until_clean(&ngx);
+    }
+    assert_eq!(ngx.workers(), pid, "the worker was replaced");
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn finalizer_errors_during_a_later_task_do_not_crash() {
+    let ngx = start();
+    let pid = ngx.workers();
+    for _ in 0..3 {
+        let out = call(&ngx, "leave garbage");
+        assert!(out == "left nil" || out.contains("boom"), "{out}");
+        // The finalizers run here or between tasks: a task may see their
+        // error (as a request on the event loop would), nothing crashes.
+        let out = call(&ngx, "innocent");
+        assert!(out == "innocent nil" || out.contains("boom"), "{out}");
+    }
+    ping_until_clean(&ngx);
+    assert_eq!(ngx.get("/static").text(), "static");
+    assert_eq!(ngx.workers(), pid, "the worker was replaced");
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn an_error_object_whose_tostring_fails_is_named_by_its_type() {
+    let ngx = start();
+    assert_eq!(call(&ngx, "bad tostring"), "nil error object is a table");
+    assert_eq!(call(&ngx, "ping"), "ping nil");
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn running_out_of_memory_is_an_error_and_the_thread_recovers() {
+    // One process, so the limit is the pool thread's process's.
+    let mut ngx = Nginx::start_single(
+        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
+        Duration::from_secs(10),
+        "thread_pool iso threads=1;",
+        &http(),
+    );
+    for _ in 0..2 {
+        assert_eq!(call(&ngx, "oom"), "nil not enough memory");
+        assert_eq!(call(&ngx, "ping"), "ping nil");
+    }
+    assert_eq!(ngx.get("/static").text(), "static");
+    assert!(ngx.quit(Duration::from_secs(10)), "nginx did not quit");
+    let log = ngx.error_log();
+    assert!(log.contains("not enough memory"), "{log}");
+    assert!(log.contains("rebuilding its Lua state"), "{log}");
+    for bad in [
+        "exited on signal",
+        "signal 6",
+        "panic",
+        "[alert]",
+        "[emerg]",
+    ] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
+}

@@ -1,0 +1,164 @@
+//! A pool with a Lua handler belongs to this module: nginx starts no thread
+//! of its own for it. Other users of its queue are refused, never left
+//! hanging: `aio threads=POOL` by `nginx -t` with the file and line,
+//! `aio threads=$var` and `ngx.run_worker_thread("POOL", ...)` at once, and
+//! reload and quit still complete.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+const MAIN: &str = "thread_pool tp threads=1;";
+
+const HANDLER: &str = r#"thread_pool_process_by_lua tp "return (...)";"#;
+
+fn output_text(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn nginx_t_refuses_aio_threads_on_a_lua_pool() {
+    for (http, place) in [
+        (
+            "server { listen 127.0.0.1:$PORT; location /files { aio threads=tp; } }",
+            "location \"/files\"",
+        ),
+        (
+            "server { listen 127.0.0.1:$PORT; location ~ \\.txt$ { aio threads=tp; } }",
+            "location \"\\.txt$\"",
+        ),
+        (
+            "server { listen 127.0.0.1:$PORT; location @named { aio threads=tp; } }",
+            "location \"@named\"",
+        ),
+        (
+            "server { listen 127.0.0.1:$PORT; aio threads=tp; location / { } }",
+            "",
+        ),
+        ("aio threads=tp; server { listen 127.0.0.1:$PORT; }", ""),
+    ] {
+        let out = nginx_test(MAIN, &format!("{HANDLER}\n{http}"), &[]);
+        let err = output_text(&out);
+        assert!(!out.status.success(), "{http}: accepted\n{err}");
+        assert!(
+            err.contains(
+                "thread pool \"tp\" has a thread_pool_process_by_lua handler and cannot also serve \"aio threads\""
+            ) && err.contains(place)
+                && err.contains("conf/nginx.conf:"),
+            "{http}:\n{err}"
+        );
+        assert!(err.contains("[emerg]"), "{err}");
+    }
+    // another pool for aio is fine
+    let out = nginx_test(
+        "thread_pool tp threads=1; thread_pool io threads=1;",
+        &format!(
+            "{HANDLER}\nserver {{ listen 127.0.0.1:$PORT; location / {{ aio threads=io; }} }}"
+        ),
+        &[],
+    );
+    assert!(out.status.success(), "{}", output_text(&out));
+}
+
+#[test]
+fn init_without_process_names_its_file_and_line() {
+    let out = nginx_test(
+        MAIN,
+        "\n\n    thread_pool_init_by_lua tp \"local x = 1\";",
+        &[],
+    );
+    let err = output_text(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "thread pool \"tp\" has thread_pool_init_by_lua but no thread_pool_process_by_lua in "
+        ) && err.contains("conf/nginx.conf:"),
+        "{err}"
+    );
+}
+
+const RWT_MOD: &str = "return { work = function(s) return s end }";
+
+fn start() -> Nginx {
+    let path = format!("{}/lua/?.lua;$prefix/conf/?.lua;;", repo().display());
+    let http = format!(
+        r#"
+    lua_package_path "{path}";
+    {HANDLER}
+    server {{
+        listen 127.0.0.1:$PORT;
+        location /aio {{
+            set $pool tp;
+            alias conf/file.txt;
+            aio threads=$pool;
+            sendfile off;
+        }}
+        location /rwt {{
+            content_by_lua_block {{
+                local ok, res = ngx.run_worker_thread("tp", "rwt_mod", "work", "x")
+                ngx.say(tostring(ok), " ", tostring(res))
+            }}
+        }}
+        location /tp {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                ngx.say(tp.tp:push_task("ok"))
+            }}
+        }}
+    }}
+"#
+    );
+    let file = "x".repeat(64 * 1024);
+    Nginx::start_with(
+        1,
+        MAIN,
+        &http,
+        &[("rwt_mod.lua", RWT_MOD), ("file.txt", &file)],
+    )
+}
+
+/// The raw bytes of a GET, read until nginx closes the connection.
+fn raw_get(port: u16, path: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    Ok(raw)
+}
+
+#[test]
+fn run_time_users_fail_at_once_and_reload_and_quit_complete() {
+    let mut ngx = start();
+    let t0 = Instant::now();
+    // nginx has sent nothing yet when the read fails: it closes the
+    // connection (a 500 would do as well); what matters is that it ends.
+    let aio = raw_get(ngx.port, "/aio").expect("aio threads=$var hung");
+    assert!(
+        !aio.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&aio)
+    );
+    let rwt = try_request(ngx.port, "GET", "/rwt", &[], b"", Duration::from_secs(10))
+        .expect("run_worker_thread hung");
+    assert_eq!(rwt.text(), "false thread pool tp not found\n");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(ngx.get("/tp").text(), "ok\n");
+    let log = ngx.error_log();
+    assert!(log.contains("thread pool \"tp\" not found"), "{log}");
+    ngx.assert_clean_log();
+
+    ngx.signal("HUP");
+    let reloaded = eventually(Duration::from_secs(10), || {
+        ngx.error_log().matches("gracefully shutting down").count() >= 1
+            && ngx.error_log().contains("exit")
+    });
+    assert!(reloaded, "{}", ngx.error_log());
+    assert_eq!(ngx.get("/tp").text(), "ok\n");
+    assert!(ngx.quit(Duration::from_secs(10)), "nginx did not quit");
+}

@@ -1,0 +1,175 @@
+//! What the module promises about its threads and records, read from the
+//! outside: pool threads block asynchronous signals (so nginx's QUIT, HUP
+//! and friends reach the event loop), run at nice +5 relative to the
+//! worker, and the records of abandoned tasks are reclaimed.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+
+/// The /proc task directories of the worker's threads named `tp NAME`.
+fn pool_threads(pid: u32, pool: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = entry.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() == format!("tp {pool}") {
+            out.push(dir);
+        }
+    }
+    out
+}
+
+/// A hex mask line (`SigBlk:` ...) of a task's status.
+fn mask(task: &std::path::Path, field: &str) -> u64 {
+    let status = std::fs::read_to_string(task.join("status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in {status}"));
+    u64::from_str_radix(line[field.len()..].trim(), 16).unwrap()
+}
+
+/// The nice value, field 19 of /proc/.../stat (after the `(comm)` field,
+/// which may contain spaces).
+fn nice(task: &std::path::Path) -> i64 {
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split_whitespace().nth(16).unwrap().parse().unwrap()
+}
+
+fn bit(sig: u32) -> u64 {
+    1 << (sig - 1)
+}
+
+#[test]
+fn pool_threads_block_async_signals_and_run_at_lower_priority() {
+    let ngx = Nginx::start(
+        "thread_pool sig threads=2;",
+        r#"thread_pool_process_by_lua sig "return ...";
+        server { listen 127.0.0.1:$PORT; location / { return 200; } }"#,
+    );
+    let worker = ngx.workers()[0];
+    // the threads name themselves once started
+    eventually(Duration::from_secs(5), || {
+        pool_threads(worker, "sig").len() == 2
+    });
+    let threads = pool_threads(worker, "sig");
+    assert_eq!(threads.len(), 2, "pool threads of worker {worker}");
+    let main = std::path::PathBuf::from(format!("/proc/{worker}/task/{worker}"));
+    let (hup, quit, usr1, term, chld, alrm, io) = (1, 3, 10, 15, 17, 14, 29);
+    let (segv, bus, fpe, ill) = (11, 7, 8, 4);
+    for t in &threads {
+        let blocked = mask(t, "SigBlk:");
+        for sig in [hup, quit, usr1, term, chld, alrm, io] {
+            assert_ne!(blocked & bit(sig), 0, "signal {sig} not blocked in {t:?}");
+        }
+        // synchronous faults stay deliverable, to the thread that faults
+        for sig in [segv, bus, fpe, ill] {
+            assert_eq!(blocked & bit(sig), 0, "signal {sig} blocked in {t:?}");
+        }
+        assert_eq!(nice(t), nice(&main) + 5, "nice of {t:?}");
+    }
+    // the event loop itself takes them
+    assert_eq!(mask(&main, "SigBlk:") & bit(quit), 0);
+}
+
+#[test]
+fn abandoned_task_records_are_reclaimed() {
+    // Each request starts 500 tasks from light threads and ends at once:
+    // every task is abandoned in flight and its completion frees it. If
+    // completions did not free abandoned records, every task would keep a
+    // record and a semaphore: ~100,000 records here, tens of MiB.
+    let ngx = Nginx::start(
+        "thread_pool ab threads=1;",
+        r#"thread_pool_process_by_lua ab "return ...";
+        server {
+            listen 127.0.0.1:$PORT;
+            location /abandon {
+                content_by_lua_block {
+                    local tp = require "resty.threadpool"
+                    for i = 1, 500 do
+                        ngx.thread.spawn(function() return tp.ab:push_task(i) end)
+                    end
+                    ngx.exit(200)
+                }
+            }
+            location /ping {
+                content_by_lua_block {
+                    local tp = require "resty.threadpool"
+                    ngx.print(tp.ab:push_task("pong"))
+                }
+            }
+        }"#,
+    );
+    let worker = ngx.workers()[0];
+    // The ping queues behind the abandoned tasks: once it answers, they
+    // have all completed, so at most ~500 records are ever in use at once
+    // and the slab stays that size.
+    let round = |n: usize| {
+        for _ in 0..n {
+            assert_eq!(ngx.get("/abandon").status, 200);
+            assert_eq!(ngx.get("/ping").text(), "pong");
+        }
+    };
+    round(20);
+    let before = rss_kib(worker);
+    round(200);
+    let after = rss_kib(worker);
+    assert!(
+        after < before + 8 * 1024,
+        "worker RSS grew from {before} to {after} KiB over 100,000 abandoned tasks"
+    );
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn memory_goes_back_after_large_payloads() {
+    let ngx = Nginx::start(
+        "thread_pool big threads=2;",
+        r#"thread_pool_process_by_lua big "return (...)";
+        server {
+            listen 127.0.0.1:$PORT;
+            location /small {
+                content_by_lua_block {
+                    local tp = require "resty.threadpool"
+                    ngx.print(tp.big:push_task("small"))
+                }
+            }
+            location /echo {
+                content_by_lua_block {
+                    local tp = require "resty.threadpool"
+                    local s = string.rep("x", 15 * 1024 * 1024)
+                    local function echo() return tp.big:push_task(s) end
+                    local a = ngx.thread.spawn(echo)
+                    local b = ngx.thread.spawn(echo)
+                    local _, ra = ngx.thread.wait(a)
+                    local _, rb = ngx.thread.wait(b)
+                    ngx.print(#ra, " ", #rb)
+                    -- the event loop's own garbage is not the module's
+                    s, ra, rb = nil, nil, nil
+                    collectgarbage()
+                }
+            }
+        }"#,
+    );
+    let worker = ngx.workers()[0];
+    assert_eq!(ngx.get("/small").text(), "small");
+    let before = rss_kib(worker);
+    let mut peak = before;
+    for _ in 0..5 {
+        assert_eq!(ngx.get("/echo").text(), "15728640 15728640");
+        peak = peak.max(rss_kib(worker));
+    }
+    let mut after = peak;
+    let settled = eventually(Duration::from_secs(10), || {
+        after = rss_kib(worker);
+        after < before + 32 * 1024
+    });
+    eprintln!("RSS KiB before {before}, peak {peak}, after {after}");
+    assert!(
+        settled,
+        "worker RSS {after} KiB 10 s after the burst (before {before}, peak {peak})"
+    );
+}
