@@ -28,9 +28,21 @@ impl Images {
             assert!(st.success(), "convert {args:?} failed");
         };
         let photo = dir.join("photo.jpg");
-        convert(&["-size", "900x600", "-seed", "1", "plasma:", photo.to_str().unwrap()]);
+        convert(&[
+            "-size",
+            "900x600",
+            "-seed",
+            "1",
+            "plasma:",
+            photo.to_str().unwrap(),
+        ]);
         let png = dir.join("photo.png");
-        convert(&["-size", "640x480", "gradient:red-blue", png.to_str().unwrap()]);
+        convert(&[
+            "-size",
+            "640x480",
+            "gradient:red-blue",
+            png.to_str().unwrap(),
+        ]);
         let mark = dir.join("watermark.png");
         convert(&["-size", "25x25", "xc:white", mark.to_str().unwrap()]);
         Images(dir)
@@ -135,9 +147,10 @@ fn pool_threads_read_the_watermark_once_each() {
             .count()
     };
     // Every thread has run its chunk once at start.
-    assert!(common::eventually(std::time::Duration::from_secs(10), || {
-        pool_loads(&ngx.error_log()) == WORKERS * THREADS
-    }));
+    assert!(common::eventually(
+        std::time::Duration::from_secs(10),
+        || { pool_loads(&ngx.error_log()) == WORKERS * THREADS }
+    ));
     for _ in 0..(4 * WORKERS * THREADS) {
         assert_eq!(ngx.get("/thumb/photo.jpg").status, 200);
     }
