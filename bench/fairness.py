@@ -36,6 +36,10 @@ NGINX = "/usr/sbin/nginx"
 SERVICE_MS = 50
 STATIC_PAUSE_MS = SERVICE_MS  # a static client's pause between requests
 SAMPLE_MS = 100
+# Clients keep their connection (HTTP/1.1 keep-alive, a new one only after a
+# timeout), as the talk's did: a connection stays on the worker that accepted
+# it. KEEPALIVE=0: a new connection per request, an accept for every request.
+KEEPALIVE = os.environ.get("KEEPALIVE", "1") != "0"
 
 # A mode: how many workers, threads per worker's pool (0: the task runs on
 # the event loop), and text added to the listen directive, the events block
@@ -107,7 +111,9 @@ http {
                     ngx.log(ngx.WARN, "fairness task: ", err)
                     return ngx.exit(500)
                 end
+                ok = tostring(ok)
                 ngx.header.content_type = "image/jpeg"
+                ngx.header.content_length = #ok
                 ngx.print(ok)
             }
         }
@@ -246,20 +252,43 @@ async def get(port, path, timeout):
     return await asyncio.wait_for(go(), timeout)
 
 
+async def keepalive_get(conn, port, path):
+    """One request on conn[0] (a reader, writer pair), opened if None."""
+    if conn[0] is None:
+        conn[0] = await asyncio.open_connection("127.0.0.1", port)
+    r, w = conn[0]
+    w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head = await r.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise OSError(f"bad response: {head[:60]!r}")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await r.readexactly(length)
+
+
 async def client(port, path, pause, timeout, until, stats):
-    """A closed-loop client: one request at a time, each on a new connection
-    (so every request is an accept that workers compete for)."""
+    """A closed-loop client: one request at a time, on a kept connection
+    (KEEPALIVE) or a new one each time; a new connection after a timeout."""
+    conn = [None]
     while time.monotonic() < until:
         t0 = time.monotonic()
         try:
-            await get(port, path, timeout)
+            if KEEPALIVE:
+                await asyncio.wait_for(keepalive_get(conn, port, path), timeout)
+            else:
+                await get(port, path, timeout)
             stats["lat"].append((time.monotonic() - t0) * 1000)
-        except asyncio.TimeoutError:
-            stats["timeouts"] += 1
-        except OSError:
-            stats["errors"] += 1
+        except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as e:
+            stats["timeouts" if isinstance(e, asyncio.TimeoutError) else "errors"] += 1
+            if conn[0] is not None:
+                conn[0][1].close()
+                conn[0] = None
         if pause:
             await asyncio.sleep(pause)
+    if conn[0] is not None:
+        conn[0][1].close()
 
 
 async def sampler(port, until, samples):
@@ -347,7 +376,8 @@ def main():
                        plan["real_secs"], plan["real_timeout_ms"], images)
     meta = dict(quick=quick, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 cpus=os.cpu_count(), kernel=platform.release(),
-                load_avg=os.getloadavg(), service_ms=SERVICE_MS)
+                load_avg=os.getloadavg(), service_ms=SERVICE_MS,
+                keepalive=KEEPALIVE)
     (OUT / "fairness.json").write_text(json.dumps(dict(meta=meta, results=results),
                                                   indent=1))
     sys.dont_write_bytecode = True

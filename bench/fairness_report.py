@@ -107,10 +107,13 @@ def write(meta, results):
         "Capacity: 24 / 50 ms = 480 tasks/s. In Direct mode the sleep blocks the event "
         "loop, as CPU work inline would.",
         "- Closed-loop client (Python asyncio): half the connections request `/task` "
-        f"back to back, half request `/static` with a {meta['service_ms']} ms pause; each "
-        "request on a new connection (HTTP/1.0), so every request is an accept the "
-        f"workers compete for; a request not answered within {sim_to} ms counts as a "
-        "timeout and its connection is closed.",
+        f"back to back, half request `/static` with a {meta['service_ms']} ms pause; "
+        + ("connections are kept (HTTP/1.1 keep-alive), so a connection stays on the "
+           "worker that accepted it; " if meta.get("keepalive") else
+           "each request on a new connection (HTTP/1.0, KEEPALIVE=0), so every request "
+           "is an accept the workers compete for; ")
+        + f"a request not answered within {sim_to} ms counts as a "
+        "timeout and its connection is closed (a new one replaces it).",
         "- Load: connections as a multiple of the thread count.",
         "- Per worker: connections accepted (a shared-dict counter of first requests, "
         "as % of all), tasks in flight (each worker's count in a shared dict, sampled "
