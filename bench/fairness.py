@@ -1,0 +1,390 @@
+#!/usr/bin/python3
+"""make fairness: the talk's timeout table, scaled to one 2-core machine.
+
+For each mode of MODES and each load of a plan, starts Debian's nginx (under
+bench/out/fairness/), runs a closed-loop client for a fixed time and records
+per class (static, thumb) the timeout rate and p50/p99 latency, and per worker
+the connections accepted and the tasks in flight (sampled every 100 ms).
+Writes bench/FAIRNESS.md and bench/fairness_*.png; raw results go to
+bench/out/fairness.json.
+
+Simulated cells: the task sleeps SERVICE_MS in usleep, so 24 busy threads fit
+on 2 cores (service time, not CPU). Real cells: the thumbnail handler of
+nginx-conf/thumb.lua at a small scale. QUICK=1 (or --quick): a ~2 minute smoke.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+OUT = BENCH / "out"
+PREFIX = OUT / "fairness"
+MODULE = REPO / "target/release/libngx_threadpool.so"
+NGINX = "/usr/sbin/nginx"
+
+SERVICE_MS = 50
+STATIC_PAUSE_MS = SERVICE_MS  # a static client's pause between requests
+SAMPLE_MS = 100
+# Clients keep their connection (HTTP/1.1 keep-alive, a new one only after a
+# timeout), as the talk's did: a connection stays on the worker that accepted
+# it. KEEPALIVE=0: a new connection per request, an accept for every request.
+KEEPALIVE = os.environ.get("KEEPALIVE", "1") != "0"
+
+# A mode: how many workers, threads per worker's pool (0: the task runs on
+# the event loop), and text added to the listen directive, the events block
+# and the top level. Adding a mode (e.g. an accept gate's directive) is one
+# entry here.
+MODES = {
+    # The talk's "120 workers direct" against 20 x 6 threads: as many event
+    # loops as the thread modes have threads, so the capacity is the same.
+    "Direct": dict(workers=24, threads=0),
+    "Thread": dict(workers=4, threads=6),
+    "Thread + reuseport": dict(workers=4, threads=6, listen="reuseport"),
+    # "Thread + gate": dict(workers=4, threads=6, main="thread_pool_accept_gate ...;"),
+}
+# The real thumbnail handler, small: 2 workers x 2 threads (4 cores' worth
+# would not fit on 2), against 4 inline workers.
+REAL_MODES = {
+    "Direct": dict(workers=4, threads=0),
+    "Thread": dict(workers=2, threads=2),
+    "Thread + reuseport": dict(workers=2, threads=2, listen="reuseport"),
+}
+
+PLANS = {
+    # loads: connections as multiples of the thread count (half of them
+    # thumbnail clients, half static clients).
+    "full": dict(loads=(0.5, 1, 2, 3.3, 5, 6.7), secs=15, timeout_ms=500,
+                 real_loads=(1, 3.3, 6.7), real_secs=10, real_timeout_ms=2000),
+    "quick": dict(loads=(1, 3.3, 6.7), secs=3, timeout_ms=500,
+                  real_loads=(3.3,), real_secs=3, real_timeout_ms=2000),
+}
+
+CONF = r"""
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+load_module @MODULE@;
+@USER@
+worker_processes @WORKERS@;
+worker_rlimit_nofile 8192;
+error_log logs/error.log warn;
+pid logs/nginx.pid;
+env THUMB_IMAGES=@IMAGES@;
+events { worker_connections 4096; @EVENTS@ }
+@POOL@
+@MAIN@
+http {
+    access_log off;
+    lua_package_path "@REPO@/lua/?.lua;@REPO@/nginx-conf/?.lua;;";
+    lua_shared_dict fairness 1m;
+    init_by_lua_block {
+        require("ffi").cdef("int usleep(unsigned int);")
+    }
+    @HANDLER@
+    # Connections accepted per worker: the first request of each.
+    log_by_lua_block {
+        if ngx.var.connection_requests == "1" and ngx.var.uri ~= "/stats" then
+            ngx.shared.fairness:incr("acc:" .. ngx.worker.id(), 1, 0)
+        end
+    }
+    server {
+        listen 127.0.0.1:@PORT@ backlog=4096 @LISTEN@;
+        location = /static { return 200 "static\n"; }
+        location = /task {
+            content_by_lua_block {
+                local dict = ngx.shared.fairness
+                local key = "fly:" .. ngx.worker.id()
+                dict:incr(key, 1, 0)
+                local ok, err = @CALL@
+                dict:incr(key, -1, 0)
+                if not ok then
+                    ngx.log(ngx.WARN, "fairness task: ", err)
+                    return ngx.exit(500)
+                end
+                ok = tostring(ok)
+                ngx.header.content_type = "image/jpeg"
+                ngx.header.content_length = #ok
+                ngx.print(ok)
+            }
+        }
+        location = /stats {
+            content_by_lua_block {
+                local dict, acc, fly = ngx.shared.fairness, {}, {}
+                for i = 0, ngx.worker.count() - 1 do
+                    acc[i + 1] = dict:get("acc:" .. i) or 0
+                    fly[i + 1] = dict:get("fly:" .. i) or 0
+                end
+                ngx.say(require("cjson").encode({ acc = acc, fly = fly }))
+            }
+        }
+    }
+}
+"""
+
+# The task, by kind: simulated (usleep) or the real thumbnail.
+TASKS = {
+    "sim": dict(
+        chunk=("local C = require('ffi').C "
+               "pcall(require('ffi').cdef, 'int usleep(unsigned int);') "
+               "return function(us) C.usleep(us) return 'done' end"),
+        arg=str(SERVICE_MS * 1000),
+        inline="require('ffi').C.usleep({arg}) or 'done'"),
+    "real": dict(
+        chunk="return require('thumb')",
+        arg="'photo1.jpg'",
+        inline="require('thumb')({arg})"),
+}
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_images():
+    images = OUT / "fairness-images"
+    if not (images / "watermark.png").exists():
+        images.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["convert", "-size", "1200x800", "-seed", "1",
+                        "plasma:", str(images / "photo1.jpg")], check=True)
+        subprocess.run(["convert", "-size", "25x25", "xc:white",
+                        str(images / "watermark.png")], check=True)
+    return images
+
+
+class Nginx:
+    def __init__(self, mode, kind, images):
+        self.port = free_port()
+        task = TASKS[kind]
+        threads = mode["threads"]
+        if threads:
+            pool = f"thread_pool work threads={threads} max_queue=65536;"
+            handler = ('thread_pool_process_by_lua work "'
+                       + task["chunk"].replace('"', '\\"') + '";')
+            call = f"require('resty.threadpool').work:push_task({task['arg']})"
+        else:
+            pool, handler = "", ""
+            call = task["inline"].format(arg=task["arg"])
+        subs = dict(MODULE=str(MODULE), REPO=str(REPO), PORT=str(self.port),
+                    USER="user root;" if os.geteuid() == 0 else "",
+                    WORKERS=str(mode["workers"]), IMAGES=str(images),
+                    EVENTS=mode.get("events", ""), MAIN=mode.get("main", ""),
+                    LISTEN=mode.get("listen", ""), POOL=pool,
+                    HANDLER=handler, CALL=call)
+        conf = CONF
+        for k, v in subs.items():
+            conf = conf.replace(f"@{k}@", v)
+        for sub in ("conf", "logs"):
+            (PREFIX / sub).mkdir(parents=True, exist_ok=True)
+        for f in (PREFIX / "logs").iterdir():
+            f.unlink()
+        (PREFIX / "conf/nginx.conf").write_text(conf)
+        self.proc = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(
+            [NGINX, "-p", str(PREFIX), "-c", "conf/nginx.conf",
+             "-g", "daemon off;"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("nginx exited: " + self.error_log())
+            try:
+                asyncio.run(get(self.port, "/stats", 1.0))
+                return self
+            except (OSError, asyncio.TimeoutError):
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("nginx did not answer: " + self.error_log())
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def error_log(self):
+        try:
+            return (PREFIX / "logs/error.log").read_text()[-2000:]
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGQUIT, 10), (signal.SIGTERM, 5),
+                          (signal.SIGKILL, 5)):
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+
+
+async def get(port, path, timeout):
+    """One request on a new connection (HTTP/1.0); the body."""
+    async def go():
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            w.write(f"GET {path} HTTP/1.0\r\nHost: x\r\n"
+                    "\r\n".encode())
+            data = await r.read()
+        finally:
+            w.close()
+        if not data.startswith(b"HTTP/1.1 200"):
+            raise OSError(f"bad response: {data[:60]!r}")
+        return data.split(b"\r\n\r\n", 1)[1]
+    return await asyncio.wait_for(go(), timeout)
+
+
+async def keepalive_get(conn, port, path):
+    """One request on conn[0] (a reader, writer pair), opened if None."""
+    if conn[0] is None:
+        conn[0] = await asyncio.open_connection("127.0.0.1", port)
+    r, w = conn[0]
+    w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head = await r.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise OSError(f"bad response: {head[:60]!r}")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await r.readexactly(length)
+
+
+async def client(port, path, pause, timeout, until, stats):
+    """A closed-loop client: one request at a time, on a kept connection
+    (KEEPALIVE) or a new one each time; a new connection after a timeout."""
+    conn = [None]
+    while time.monotonic() < until:
+        t0 = time.monotonic()
+        try:
+            if KEEPALIVE:
+                await asyncio.wait_for(keepalive_get(conn, port, path), timeout)
+            else:
+                await get(port, path, timeout)
+            stats["lat"].append((time.monotonic() - t0) * 1000)
+        except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError) as e:
+            stats["timeouts" if isinstance(e, asyncio.TimeoutError) else "errors"] += 1
+            if conn[0] is not None:
+                conn[0][1].close()
+                conn[0] = None
+        if pause:
+            await asyncio.sleep(pause)
+    if conn[0] is not None:
+        conn[0][1].close()
+
+
+async def sampler(port, until, samples):
+    while time.monotonic() < until:
+        try:
+            body = await get(port, "/stats", 1.0)
+            samples.append(json.loads(body)["fly"])
+        except (OSError, asyncio.TimeoutError, ValueError):
+            pass
+        await asyncio.sleep(SAMPLE_MS / 1000)
+
+
+async def run_cell(port, conns, secs, timeout_ms):
+    until = time.monotonic() + secs
+    classes = {c: dict(lat=[], timeouts=0, errors=0) for c in ("static", "thumb")}
+    samples = []
+    tasks = [sampler(port, until, samples)]
+    for i in range(conns):
+        if i % 2 == 0:
+            tasks.append(client(port, "/task", 0, timeout_ms / 1000, until,
+                                classes["thumb"]))
+        else:
+            tasks.append(client(port, "/static", STATIC_PAUSE_MS / 1000,
+                                timeout_ms / 1000, until, classes["static"]))
+    await asyncio.gather(*tasks)
+    acc = json.loads(await get(port, "/stats", 5.0))["acc"]
+    return classes, samples, acc
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def summarize(classes, samples, acc, secs):
+    out = {}
+    for c, s in classes.items():
+        done = len(s["lat"])
+        total = done + s["timeouts"] + s["errors"]
+        out[c] = dict(total=total, done=done, timeouts=s["timeouts"],
+                      errors=s["errors"],
+                      timeout_pct=100.0 * s["timeouts"] / total if total else 0.0,
+                      p50=pct(s["lat"], 50), p99=pct(s["lat"], 99),
+                      per_sec=done / secs)
+    n = len(acc)
+    out["acc"] = acc
+    out["fly_mean"] = [sum(s[i] for s in samples) / len(samples) if samples else 0
+                       for i in range(n)]
+    out["fly_max"] = [max((s[i] for s in samples), default=0) for i in range(n)]
+    return out
+
+
+def measure(modes, kind, loads, secs, timeout_ms, images):
+    results = []
+    for name, mode in modes.items():
+        capacity = mode["workers"] * max(mode["threads"], 1)
+        for load in loads:
+            conns = max(2, round(load * capacity))
+            log(f"{kind} {name}: {conns} connections ({load}x), {secs}s")
+            with Nginx(mode, kind, images) as ngx:
+                res = asyncio.run(run_cell(ngx.port, conns, secs, timeout_ms))
+            r = summarize(*res, secs)
+            r.update(mode=name, kind=kind, load=load, conns=conns,
+                     workers=mode["workers"], threads=mode["threads"],
+                     timeout_ms=timeout_ms)
+            log(f"  thumb timeouts {r['thumb']['timeout_pct']:.2f}% "
+                f"static {r['static']['timeout_pct']:.2f}% acc {r['acc']}")
+            results.append(r)
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    quick = args.quick or os.environ.get("QUICK") not in (None, "", "0")
+    plan = PLANS["quick" if quick else "full"]
+    OUT.mkdir(exist_ok=True)
+    images = make_images()
+    results = measure(MODES, "sim", plan["loads"], plan["secs"],
+                      plan["timeout_ms"], images)
+    results += measure(REAL_MODES, "real", plan["real_loads"],
+                       plan["real_secs"], plan["real_timeout_ms"], images)
+    meta = dict(quick=quick, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                cpus=os.cpu_count(), kernel=platform.release(),
+                load_avg=os.getloadavg(), service_ms=SERVICE_MS,
+                keepalive=KEEPALIVE)
+    (OUT / "fairness.json").write_text(json.dumps(dict(meta=meta, results=results),
+                                                  indent=1))
+    sys.dont_write_bytecode = True
+    sys.path.insert(0, str(BENCH))
+    import fairness_report
+    fairness_report.write(meta, results)
+
+
+if __name__ == "__main__":
+    main()
