@@ -1,5 +1,5 @@
 -- MessagePack codec for values crossing between the nginx event loop's
--- LuaJIT VM and the thread pool's LuaJIT VMs.  The Rust side (src/codec.rs)
+-- LuaJIT VM and the thread pool's LuaJIT VMs.  The Rust side (src/codec/)
 -- implements the same wire format and must agree byte for byte:
 --
 --   payload := uint(n) map(k) { uint(position) value }*k
