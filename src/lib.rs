@@ -117,6 +117,12 @@ pub static mut ngx_module_names: [*const c_char; 2] =
 unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
     ngx::guard::no_unwind("create_main_conf", ptr::null_mut(), || {
         ngx::module::register_own(&raw mut ngx_threadpool_module);
+        // SAFETY: nginx passes the configuration being parsed.
+        let parsing = unsafe { ngx::conf::Conf::from_raw(cf) };
+        if let Err(msg) = ngx::lua_symbols::link(parsing) {
+            parsing.emerg(&msg);
+            return ptr::null_mut();
+        }
         // SAFETY: cf->pool is the new cycle's pool: the conf is dropped with
         // it at the next reload.
         unsafe { ngx::pool::adopt((*cf).pool, MainConf::default()) }

@@ -113,6 +113,24 @@ impl Conf {
             p as *mut c_char
         }
     }
+
+    /// Logs the module's message at emerg with the current file and line,
+    /// for errors outside a directive's setter (which returns `error`).
+    pub fn emerg(&self, msg: &str) {
+        let msg = format!("{}{msg}", super::log::PREFIX);
+        // SAFETY: "%*s" takes a size_t length and a pointer to that many
+        // bytes; msg outlives the call.
+        unsafe {
+            sys::ngx_conf_log_error(
+                sys::NGX_LOG_EMERG as usize,
+                self.0,
+                0,
+                c"%*s".as_ptr(),
+                msg.len(),
+                msg.as_ptr(),
+            )
+        }
+    }
 }
 
 /// A source of configuration bytes that refills as it is read.

@@ -2,37 +2,11 @@
 //! its semaphores (to resume a waiting coroutine from the event loop) and
 //! its main Lua VM (to give pool threads the same package paths).
 
+use super::lua_symbols::{get as lua_module, RawSema};
 use super::sys;
 use mlua::ffi as lua;
 use std::ffi::{c_char, c_int, CStr};
 use std::ptr::{self, NonNull};
-
-#[repr(C)]
-pub struct RawSema {
-    _opaque: [u8; 0],
-}
-
-unsafe extern "C" {
-    static mut ngx_http_lua_module: sys::ngx_module_t;
-    fn ngx_http_lua_ffi_sema_new(
-        psem: *mut *mut RawSema,
-        n: c_int,
-        errmsg: *mut *const c_char,
-    ) -> c_int;
-    fn ngx_http_lua_ffi_sema_post(sem: *mut RawSema, n: c_int) -> c_int;
-    fn ngx_http_lua_ffi_sema_wait(
-        r: *mut sys::ngx_http_request_t,
-        sem: *mut RawSema,
-        wait_ms: c_int,
-        err: *mut u8,
-        errlen: *mut usize,
-    ) -> c_int;
-    fn ngx_http_lua_ffi_sema_gc(sem: *mut RawSema);
-    fn ngx_http_lua_ffi_get_phase(
-        r: *mut sys::ngx_http_request_t,
-        err: *mut *const c_char,
-    ) -> c_int;
-}
 
 /// lua-nginx-module's contexts (NGX_HTTP_LUA_CONTEXT_*) whose coroutines
 /// may wait here: rewrite, access, content and timer.
@@ -46,7 +20,7 @@ const YIELDABLE: c_int = 0x0002 | 0x0004 | 0x0008 | 0x0080;
 pub unsafe fn may_yield(r: *mut sys::ngx_http_request_t) -> bool {
     let mut err = ptr::null();
     // SAFETY: get_phase reads the lua module's request ctx of r.
-    let context = unsafe { ngx_http_lua_ffi_get_phase(r, &mut err) };
+    let context = unsafe { (lua_module().get_phase)(r, &mut err) };
     context > 0 && context & YIELDABLE != 0
 }
 
@@ -60,7 +34,7 @@ impl Sema {
         let mut raw = ptr::null_mut();
         let mut err: *const c_char = ptr::null();
         // SAFETY: sema_new fills raw or err; called on the event loop.
-        let rc = unsafe { ngx_http_lua_ffi_sema_new(&mut raw, 0, &mut err) };
+        let rc = unsafe { (lua_module().sema_new)(&mut raw, 0, &mut err) };
         match NonNull::new(raw) {
             Some(sem) if rc == sys::NGX_OK as c_int => Ok(Sema(sem)),
             // SAFETY: on failure err points to a static message.
@@ -75,7 +49,7 @@ impl Sema {
     /// resumes it; needs no current request.
     pub fn post(&self) {
         // SAFETY: self is a live semaphore; event-loop thread.
-        unsafe { ngx_http_lua_ffi_sema_post(self.0.as_ptr(), 1) };
+        unsafe { (lua_module().sema_post)(self.0.as_ptr(), 1) };
     }
 
     /// Waits in the current coroutine of `r`: NGX_OK when a resource was
@@ -93,7 +67,7 @@ impl Sema {
         errlen: *mut usize,
     ) -> c_int {
         // SAFETY: forwarded from the caller.
-        unsafe { ngx_http_lua_ffi_sema_wait(r, self.0.as_ptr(), ms, err, errlen) }
+        unsafe { (lua_module().sema_wait)(r, self.0.as_ptr(), ms, err, errlen) }
     }
 }
 
@@ -101,7 +75,7 @@ impl Drop for Sema {
     fn drop(&mut self) {
         // SAFETY: created by sema_new and dropped once; gc removes a posted
         // event and returns the memory to the lua module's allocator.
-        unsafe { ngx_http_lua_ffi_sema_gc(self.0.as_ptr()) }
+        unsafe { (lua_module().sema_gc)(self.0.as_ptr()) }
     }
 }
 
@@ -115,8 +89,8 @@ pub unsafe fn package_paths(cycle: *mut sys::ngx_cycle_t) -> Option<(Vec<u8>, Ve
     // (ngx_http_lua_main_conf_t, unchanged since 0.9).
     // SAFETY: the caller vouches for cycle; the lua module is linked.
     let l = unsafe {
-        let lmcf = super::conf::http_main_conf(cycle, &raw const ngx_http_lua_module)
-            as *const *mut lua::lua_State;
+        let lmcf =
+            super::conf::http_main_conf(cycle, lua_module().module) as *const *mut lua::lua_State;
         if lmcf.is_null() || (*lmcf).is_null() {
             return None;
         }

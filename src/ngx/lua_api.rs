@@ -20,32 +20,11 @@
 //!   shared dict call; see ngx_thread_api.lua for why that mutex holds
 //!   between threads of one process.
 
+use super::lua_symbols::get as lua_module;
 use super::{conf, sys};
-use mlua::{ffi as lua, Lua, Table};
+use mlua::{Lua, Table};
 use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
-
-unsafe extern "C" {
-    static mut ngx_http_lua_module: sys::ngx_module_t;
-    fn ngx_http_lua_inject_core_consts(l: *mut lua::lua_State);
-    fn ngx_http_lua_inject_http_consts(l: *mut lua::lua_State);
-    fn ngx_http_lua_inject_log_api(l: *mut lua::lua_State);
-    fn ngx_http_lua_inject_string_api(l: *mut lua::lua_State);
-    fn ngx_http_lua_inject_config_api(l: *mut lua::lua_State);
-    fn ngx_http_lua_inject_shdict_api(lmcf: *mut c_void, l: *mut lua::lua_State);
-    fn ngx_http_lua_ffi_worker_pid() -> c_int;
-    fn ngx_http_lua_ffi_worker_id() -> c_int;
-    fn ngx_http_lua_ffi_worker_count() -> c_int;
-    fn ngx_http_lua_ffi_compile_regex(
-        pat: *const u8,
-        pat_len: usize,
-        flags: c_int,
-        pcre_opts: c_int,
-        errstr: *mut u8,
-        errstr_size: usize,
-    ) -> *mut LuaRegex;
-    fn ngx_http_lua_ffi_destroy_regex(re: *mut LuaRegex);
-}
 
 /// The head of `ngx_http_lua_regex_t`, as lua-resty-core declares it for
 /// its FFI calls (resty/core/regex.lua): a public contract of the module.
@@ -84,14 +63,16 @@ pub unsafe fn regex_match_limit() -> u64 {
     // SAFETY: a valid pattern and error buffer; the regex is destroyed
     // below and nothing else holds it.
     unsafe {
-        let re = ngx_http_lua_ffi_compile_regex(
+        let lua = lua_module();
+        let re = (lua.compile_regex)(
             pattern.as_ptr(),
             pattern.len(),
             0,
             0,
             err.as_mut_ptr(),
             err.len(),
-        );
+        )
+        .cast::<LuaRegex>();
         if re.is_null() {
             return 0;
         }
@@ -101,7 +82,7 @@ pub unsafe fn regex_match_limit() -> u64 {
         } else {
             0
         };
-        ngx_http_lua_ffi_destroy_regex(re);
+        (lua.destroy_regex)(re.cast());
         limit
     }
 }
@@ -125,8 +106,7 @@ impl LuaConf {
     /// `cycle` must be a live, configured cycle; the lua module is linked.
     pub unsafe fn of(cycle: *mut sys::ngx_cycle_t) -> Option<LuaConf> {
         // SAFETY: forwarded from the caller.
-        NonNull::new(unsafe { conf::http_main_conf(cycle, &raw const ngx_http_lua_module) })
-            .map(LuaConf)
+        NonNull::new(unsafe { conf::http_main_conf(cycle, lua_module().module) }).map(LuaConf)
     }
 }
 
@@ -149,11 +129,12 @@ impl WorkerInfo {
         // SAFETY: the three read ngx_pid, ngx_worker, ngx_process and the
         // core conf of ngx_cycle, all set before init_process.
         unsafe {
-            let id = ngx_http_lua_ffi_worker_id();
+            let lua = lua_module();
+            let id = (lua.worker_id)();
             WorkerInfo {
-                pid: ngx_http_lua_ffi_worker_pid(),
+                pid: (lua.worker_pid)(),
                 id: (id >= 0).then_some(id),
-                count: ngx_http_lua_ffi_worker_count(),
+                count: (lua.worker_count)(),
             }
         }
     }
@@ -170,15 +151,16 @@ pub fn inject(lua: &Lua, ngx: &Table, conf: Option<LuaConf>) -> mlua::Result<()>
     // table below it and so leaves the stack as it found it. They touch no
     // request and no event-loop state (see the module comment), which is
     // why the lua module runs them in its own worker threads too.
+    let m = lua_module();
     unsafe {
         lua.exec_raw::<()>(ngx, |l| {
-            ngx_http_lua_inject_core_consts(l);
-            ngx_http_lua_inject_http_consts(l);
-            ngx_http_lua_inject_log_api(l);
-            ngx_http_lua_inject_string_api(l);
-            ngx_http_lua_inject_config_api(l);
+            (m.inject_core_consts)(l);
+            (m.inject_http_consts)(l);
+            (m.inject_log_api)(l);
+            (m.inject_string_api)(l);
+            (m.inject_config_api)(l);
             if let Some(conf) = conf {
-                ngx_http_lua_inject_shdict_api(conf.0.as_ptr(), l);
+                (m.inject_shdict_api)(conf.0.as_ptr(), l);
             }
         })
     }

@@ -10,6 +10,7 @@ pub mod http_locations;
 pub mod log;
 pub mod lua;
 pub mod lua_api;
+pub mod lua_symbols;
 pub mod module;
 pub mod notify;
 pub mod os;

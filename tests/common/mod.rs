@@ -329,15 +329,16 @@ pub fn rss_kib(pid: u32) -> u64 {
 
 /// Runs `nginx -t` on a configuration; returns its output.
 pub fn nginx_test(main: &str, http: &str, files: &[(&str, &str)]) -> Output {
+    nginx_test_conf(&config(free_port(), 1, main, http), files)
+}
+
+/// Runs `nginx -t` on a whole nginx.conf; returns its output.
+pub fn nginx_test_conf(conf: &str, files: &[(&str, &str)]) -> Output {
     let dir = prefix("t");
     for (name, body) in files {
         std::fs::write(dir.join("conf").join(name), body).unwrap();
     }
-    std::fs::write(
-        dir.join("conf/nginx.conf"),
-        config(free_port(), 1, main, http),
-    )
-    .unwrap();
+    std::fs::write(dir.join("conf/nginx.conf"), conf).unwrap();
     let out = Command::new(NGINX)
         .arg("-t")
         .arg("-p")

@@ -1,0 +1,86 @@
+//! Loading this module before lua-nginx-module, or without it, is an emerg
+//! at `nginx -t` that says what to do, not a failed dlopen.
+
+mod common;
+use common::*;
+
+const HANDLER: &str = r#"thread_pool_process_by_lua p "return ...";"#;
+const MAIN: &str = "thread_pool p threads=1;";
+
+/// The harness's configuration with its three load_module lines (ndk,
+/// lua, this module) replaced by those `reorder` keeps, in its order.
+fn with_modules(reorder: impl Fn(&[String]) -> Vec<String>) -> String {
+    let conf = config(free_port(), 1, MAIN, HANDLER);
+    let (load, rest): (Vec<&str>, Vec<&str>) =
+        conf.lines().partition(|l| l.starts_with("load_module "));
+    assert_eq!(load.len(), 3, "ndk, lua, this module:\n{conf}");
+    let load: Vec<String> = load.iter().map(|l| l.to_string()).collect();
+    let mut lines = reorder(&load);
+    lines.extend(rest.iter().map(|l| l.to_string()));
+    lines.join("\n")
+}
+
+fn emerg_of(conf: &str) -> String {
+    let out = nginx_test_conf(conf, &[]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "nginx -t passed:\n{conf}\n{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("[emerg]"))
+        .unwrap_or_else(|| panic!("no emerg:\n{err}"))
+        .to_string();
+    assert!(
+        line.contains("ngx_threadpool: ")
+            && line.contains("load ngx_http_lua_module.so first")
+            && line.contains("\"load_module modules/ngx_http_lua_module.so;\" must come before"),
+        "{line}"
+    );
+    line
+}
+
+#[test]
+fn loaded_before_the_lua_module() {
+    // this module first, then ndk and lua
+    let line = emerg_of(&with_modules(|l| {
+        vec![l[2].clone(), l[0].clone(), l[1].clone()]
+    }));
+    assert!(
+        line.contains("ngx_http_lua_module.so is loaded after this module"),
+        "{line}"
+    );
+    // the error names the http block, where the module first needs it
+    assert!(line.contains("nginx.conf:"), "{line}");
+}
+
+#[test]
+fn loaded_without_the_lua_module() {
+    let line = emerg_of(&with_modules(|l| vec![l[2].clone()]));
+    assert!(
+        line.contains("lua-nginx-module, which is not loaded"),
+        "{line}"
+    );
+}
+
+#[test]
+fn loaded_after_the_lua_module() {
+    let conf = with_modules(|l| l.to_vec());
+    let out = nginx_test_conf(&conf, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn without_an_http_block_the_module_needs_nothing() {
+    // nginx -t on a main-only configuration: nothing of the module runs
+    let conf = with_modules(|l| vec![l[2].clone()]);
+    let main_only = conf[..conf.find("http {").unwrap()].to_string();
+    let out = nginx_test_conf(&main_only, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
