@@ -4,14 +4,15 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson libpcre3 \
 	libluajit2-5.1-dev libclang-dev clang pkg-config wrk \
-	imagemagick libmagickwand-6.q16-6
+	imagemagick libmagickwand-6.q16-6 dpkg-dev binutils
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
 # As root, nginx would run its workers as nobody, who may not read a
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test lint run images bench bench-deps fairness valgrind clean
+.PHONY: deps build test lint run images bench bench-deps fairness valgrind clean \
+	install install-files uninstall deb package
 
 # Installs the Debian packages that are missing (apt-get update only then).
 deps:
@@ -87,3 +88,98 @@ valgrind: build
 
 clean:
 	cargo clean
+
+# Installed as Debian installs its nginx modules (libnginx-mod-http-lua):
+# the module in nginx's modules directory, named ngx_http_<name>_module.so
+# after the package; the Lua shim beside lua-resty-core's files; a
+# load_module snippet in modules-available, enabled by a link whose number
+# sorts after 50-mod-http-lua.conf (this module needs the lua module loaded
+# first). DESTDIR stages the files elsewhere (make deb does).
+NAME := threadpool
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+MODULES_DIR := /usr/lib/nginx/modules
+MODULE_SO := ngx_http_$(NAME)_module.so
+LUA_DIR := /usr/share/lua/5.1
+MODULES_AVAILABLE := /usr/share/nginx/modules-available
+MODULES_ENABLED := /etc/nginx/modules-enabled
+SNIPPET := mod-http-$(NAME).conf
+ENABLED := 60-$(SNIPPET)
+NGX_SRC ?= /usr/share/nginx/src
+
+$(MODULE):
+	@$(MAKE) --no-print-directory build
+
+install: install-files
+	install -d -m 0755 $(DESTDIR)$(MODULES_ENABLED)
+	ln -sfn $(MODULES_AVAILABLE)/$(SNIPPET) $(DESTDIR)$(MODULES_ENABLED)/$(ENABLED)
+
+# The files alone (0644, readable by nginx's worker user), without the link.
+install-files: $(MODULE)
+	install -d -m 0755 $(DESTDIR)$(MODULES_DIR) $(DESTDIR)$(MODULES_AVAILABLE) \
+		$(DESTDIR)$(LUA_DIR)/resty/$(NAME)
+	install -m 0644 $(MODULE) $(DESTDIR)$(MODULES_DIR)/$(MODULE_SO)
+	install -m 0644 lua/resty/$(NAME).lua $(DESTDIR)$(LUA_DIR)/resty/
+	install -m 0644 lua/resty/$(NAME)/*.lua $(DESTDIR)$(LUA_DIR)/resty/$(NAME)/
+	install -m 0644 packaging/$(SNIPPET) $(DESTDIR)$(MODULES_AVAILABLE)/
+
+uninstall:
+	rm -f $(DESTDIR)$(MODULES_ENABLED)/$(ENABLED) \
+		$(DESTDIR)$(MODULES_AVAILABLE)/$(SNIPPET) \
+		$(DESTDIR)$(MODULES_DIR)/$(MODULE_SO) \
+		$(DESTDIR)$(LUA_DIR)/resty/$(NAME).lua
+	rm -rf $(DESTDIR)$(LUA_DIR)/resty/$(NAME)
+
+# target/debian/libnginx-mod-http-threadpool_VERSION-1_ARCH.deb
+deb: build
+	@$(MAKE) --no-print-directory package DEB_OUT=target/debian
+
+# The package of MODULE, built into DEB_OUT without cargo (tests/package.rs
+# packages the module cargo test built). It depends on the nginx ABI of the
+# tree the module was built against (NGX_SRC, as Debian's dh_nginx reads
+# it), on the lua module it was built for (the module reads a private
+# layout of lua-nginx-module) and on the libraries the .so links; its
+# maintainer scripts are Debian's own for nginx modules (dh_nginx's, from
+# nginx-dev), which enable and disable the snippet.
+DEB_PKG := libnginx-mod-http-$(NAME)
+DEB_OUT ?= target/debian
+DEB_VERSION := $(VERSION)-1
+DEB_ROOT = $(DEB_OUT)/root
+DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>' 2>/dev/null)
+package:
+	@test -n "$(DEB_MAINTAINER)" || { echo "set DEB_MAINTAINER='Name <email>'" >&2; exit 1; }
+	@abi=$$(sed -n 's/^nginx:abi=//p' $(NGX_SRC)/debian/libnginx-mod.abisubstvars 2>/dev/null); \
+	test -n "$$abi" || { echo "$(NGX_SRC) is not Debian's nginx-dev tree: no nginx ABI to depend on" >&2; exit 1; }; \
+	lua=$$(dpkg-query -W -f='$${Version}' libnginx-mod-http-lua | sed 's/-[^-]*$$//'); \
+	set -e; umask 022; rm -rf $(DEB_OUT); mkdir -p $(DEB_ROOT)/DEBIAN $(DEB_OUT)/debian; \
+	$(MAKE) --no-print-directory install-files DESTDIR=$(DEB_ROOT); \
+	strip --strip-unneeded --remove-section=.comment --remove-section=.note \
+		$(DEB_ROOT)$(MODULES_DIR)/$(MODULE_SO); \
+	install -d -m 0755 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG); \
+	gzip -9n < README.md > $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/README.md.gz; \
+	chmod 0644 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/README.md.gz; \
+	printf 'Source: $(DEB_PKG)\n\nPackage: $(DEB_PKG)\nArchitecture: any\n' > $(DEB_OUT)/debian/control; \
+	shlibs=$$(cd $(DEB_OUT) && dpkg-shlibdeps -O -e root$(MODULES_DIR)/$(MODULE_SO) 2>/dev/null \
+		| sed -n 's/^shlibs:Depends=//p'); \
+	for script in postinst prerm postrm; do \
+		{ printf '#!/bin/sh\nset -e\n'; \
+		  sed 's/#NAMES#/$(SNIPPET):$(ENABLED)/' /usr/share/debhelper/autoscripts/$$script-nginx; \
+		} > $(DEB_ROOT)/DEBIAN/$$script; \
+		chmod 0755 $(DEB_ROOT)/DEBIAN/$$script; \
+	done; \
+	(cd $(DEB_ROOT) && find usr -type f | sort | xargs md5sum) > $(DEB_ROOT)/DEBIAN/md5sums; \
+	{ echo "Package: $(DEB_PKG)"; \
+	  echo "Version: $(DEB_VERSION)"; \
+	  echo "Architecture: $$(dpkg --print-architecture)"; \
+	  echo "Maintainer: $(DEB_MAINTAINER)"; \
+	  echo "Installed-Size: $$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1)"; \
+	  echo "Depends: $$abi, libnginx-mod-http-lua (>= $$lua), libnginx-mod-http-lua (<< $$lua.1~), lua-resty-core, $$shlibs"; \
+	  echo "Recommends: nginx"; \
+	  echo "Section: httpd"; \
+	  echo "Priority: optional"; \
+	  echo "Description: per-worker thread pools of LuaJIT states for nginx's lua module"; \
+	  echo " An nginx module that runs CPU-heavy Lua in threads of each worker,"; \
+	  echo " with a persistent LuaJIT state per thread, while the request waits"; \
+	  echo " and the event loop serves other requests. Lua: resty.threadpool."; \
+	} > $(DEB_ROOT)/DEBIAN/control; \
+	dpkg-deb --root-owner-group -Zxz --build $(DEB_ROOT) \
+		$(DEB_OUT)/$(DEB_PKG)_$(DEB_VERSION)_$$(dpkg --print-architecture).deb

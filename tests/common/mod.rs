@@ -120,7 +120,15 @@ impl Nginx {
             config(port, workers, main, http),
         )
         .unwrap();
-        Nginx::spawn(dir, port, Vec::new(), Duration::from_secs(10), true)
+        Nginx::spawn(dir, port, Vec::new(), &[], Duration::from_secs(10), true)
+    }
+
+    /// Starts nginx on a prefix directory whose conf/nginx.conf is
+    /// already written and listens on `port`, with extra command-line
+    /// arguments (e.g. `-g "daemon off;"` for a configuration that does
+    /// not say it).
+    pub fn start_prefix(dir: PathBuf, port: u16, args: &[&str]) -> Nginx {
+        Nginx::spawn(dir, port, Vec::new(), args, Duration::from_secs(10), true)
     }
 
     /// nginx as a single process (`master_process off`: it serves and runs
@@ -139,13 +147,14 @@ impl Nginx {
         let conf = config(port, 1, main, http).replace("master_process on;", "master_process off;");
         std::fs::write(dir.join("conf/nginx.conf"), conf).unwrap();
         let wrapper = wrapper(&dir);
-        Nginx::spawn(dir, port, wrapper, ready, false)
+        Nginx::spawn(dir, port, wrapper, &[], ready, false)
     }
 
     fn spawn(
         dir: PathBuf,
         port: u16,
         wrapper: Vec<String>,
+        args: &[&str],
         ready: Duration,
         has_workers: bool,
     ) -> Nginx {
@@ -162,6 +171,7 @@ impl Nginx {
             .arg(&dir)
             .arg("-c")
             .arg("conf/nginx.conf")
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -1,0 +1,343 @@
+//! The Debian package (`make package`, which `make deb` runs): its files,
+//! its dependencies, its maintainer scripts, and the module it installs
+//! running in Debian's stock configuration layout with the README's
+//! example (nginx-conf/debian/). Nothing is installed on the machine: the
+//! package is extracted under a temporary prefix and /etc/nginx copied
+//! there.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PACKAGE: &str = "libnginx-mod-http-threadpool";
+const MODULE_SO: &str = "usr/lib/nginx/modules/ngx_http_threadpool_module.so";
+const SNIPPET: &str = "usr/share/nginx/modules-available/mod-http-threadpool.conf";
+const LUA_DIR: &str = "usr/share/lua/5.1";
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Builds the package of the module cargo test built, into `dir`/deb.
+fn build_package(dir: &Path) -> PathBuf {
+    let out = dir.join("deb");
+    run(Command::new("make")
+        .arg("-s")
+        .arg("--no-print-directory")
+        .arg("-C")
+        .arg(repo())
+        .arg("package")
+        .arg(format!("MODULE={}", module_path().display()))
+        .arg(format!("DEB_OUT={}", out.display())));
+    let debs: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .collect();
+    assert_eq!(debs.len(), 1, "{debs:?}");
+    debs.into_iter().next().unwrap()
+}
+
+/// `dpkg-deb -c`: path (without the leading "./") → (mode, owner).
+fn contents(deb: &Path) -> BTreeMap<String, (String, String)> {
+    run(Command::new("dpkg-deb").arg("-c").arg(deb))
+        .lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let path = w[5].trim_start_matches("./").trim_end_matches('/');
+            (path.to_string(), (w[0].to_string(), w[1].to_string()))
+        })
+        .collect()
+}
+
+fn field(deb: &Path, name: &str) -> String {
+    run(Command::new("dpkg-deb").arg("-f").arg(deb).arg(name))
+        .trim()
+        .to_string()
+}
+
+/// The nginx ABI the installed nginx provides (e.g. nginx-abi-1.22.1-7).
+fn nginx_abi() -> String {
+    run(Command::new("dpkg-query")
+        .arg("-W")
+        .arg("-f=${Provides}")
+        .arg("nginx"))
+    .split(", ")
+    .find(|p| p.starts_with("nginx-abi-"))
+    .expect("nginx provides no nginx-abi-*")
+    .to_string()
+}
+
+#[test]
+fn package_files_and_dependencies() {
+    let dir = prefix("deb");
+    let deb = build_package(&dir);
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        deb.file_name().unwrap().to_string_lossy(),
+        format!("{PACKAGE}_{version}-1_amd64.deb")
+    );
+    assert_eq!(field(&deb, "Package"), PACKAGE);
+    assert_eq!(field(&deb, "Version"), format!("{version}-1"));
+    let depends = field(&deb, "Depends");
+    for dep in [
+        nginx_abi().as_str(),
+        "libnginx-mod-http-lua (>= 1:0.10.23)",
+        "lua-resty-core",
+        "libluajit2-5.1-2",
+    ] {
+        assert!(depends.contains(dep), "{dep} not in Depends: {depends}");
+    }
+
+    let files = contents(&deb);
+    let regular: Vec<&str> = files
+        .iter()
+        .filter(|(_, (mode, _))| mode.starts_with('-'))
+        .map(|(p, _)| p.as_str())
+        .collect();
+    assert_eq!(
+        regular,
+        [
+            MODULE_SO,
+            "usr/share/doc/libnginx-mod-http-threadpool/README.md.gz",
+            "usr/share/lua/5.1/resty/threadpool.lua",
+            "usr/share/lua/5.1/resty/threadpool/codec.lua",
+            SNIPPET,
+        ]
+    );
+    // readable by nginx's worker user; owned by root whoever built it
+    for (path, (mode, owner)) in &files {
+        let want = if mode.starts_with('d') {
+            "drwxr-xr-x"
+        } else {
+            "-rw-r--r--"
+        };
+        assert_eq!(
+            (mode.as_str(), owner.as_str()),
+            (want, "root/root"),
+            "{path}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The opm and LuaRocks descriptions of the Lua shim: its version is the
+/// crate's and they list every file of lua/.
+#[test]
+fn lua_packaging_follows_the_crate() {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut lua_files: Vec<String> = ["threadpool.lua", "threadpool"]
+        .iter()
+        .flat_map(|p| {
+            let p = repo().join("lua/resty").join(p);
+            if p.is_dir() {
+                std::fs::read_dir(&p)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect()
+            } else {
+                vec![p]
+            }
+        })
+        .map(|p| {
+            p.strip_prefix(repo())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    lua_files.sort();
+
+    // opm reads the version from main_module's _VERSION
+    let dist = std::fs::read_to_string(repo().join("dist.ini")).unwrap();
+    let key = |k: &str| {
+        dist.lines()
+            .find_map(|l| l.strip_prefix(k)?.trim_start().strip_prefix('='))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {k} in dist.ini"))
+    };
+    assert_eq!(key("name"), "lua-resty-threadpool");
+    assert_eq!(key("lib_dir"), "lua");
+    assert_eq!(key("main_module"), "lua/resty/threadpool.lua");
+    let shim = std::fs::read_to_string(repo().join("lua/resty/threadpool.lua")).unwrap();
+    assert!(shim.contains(&format!("_VERSION = \"{version}\"")));
+
+    let name = format!("lua-resty-threadpool-{version}-1.rockspec");
+    let rockspec =
+        std::fs::read_to_string(repo().join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let lua = mlua::Lua::new();
+    lua.load(&rockspec).set_name(&name).exec().unwrap();
+    let g = lua.globals();
+    assert_eq!(g.get::<String>("package").unwrap(), "lua-resty-threadpool");
+    assert_eq!(g.get::<String>("version").unwrap(), format!("{version}-1"));
+    let modules: mlua::Table = g
+        .get::<mlua::Table>("build")
+        .unwrap()
+        .get("modules")
+        .unwrap();
+    let mut listed: Vec<(String, String)> = modules.pairs().map(|kv| kv.unwrap()).collect();
+    listed.sort();
+    for (module, file) in &listed {
+        let want = format!("lua/{}.lua", module.replace('.', "/"));
+        assert_eq!(file, &want, "{module}");
+    }
+    let files: Vec<String> = listed.into_iter().map(|(_, f)| f).collect();
+    assert_eq!(files, lua_files);
+}
+
+/// A maintainer script of the extracted package, run against the layout
+/// under `conf` instead of /etc/nginx (dpkg's trigger call disabled).
+fn maintainer_script(dir: &Path, script: &str, args: &[&str]) {
+    let text = std::fs::read_to_string(dir.join("DEBIAN").join(script)).unwrap();
+    let text = text
+        .replace("/etc/nginx/", &format!("{}/conf/", dir.display()))
+        .replace(
+            "/usr/share/nginx/modules-available/",
+            &format!("{}/root/usr/share/nginx/modules-available/", dir.display()),
+        )
+        .replace("dpkg-trigger", "true");
+    assert!(
+        !text.contains("/etc/"),
+        "{script} still names /etc:\n{text}"
+    );
+    run(Command::new("sh")
+        .arg("-c")
+        .arg(&text)
+        .arg(script)
+        .args(args));
+}
+
+fn enabled(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("conf/modules-enabled"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Debian's /etc/nginx copied to `dir`/conf with its paths rewritten to
+/// `dir`, no site enabled (the stock default site listens on port 80) and
+/// the stock modules directory as `dir`/modules, plus the package's module.
+fn stock_layout(dir: &Path) {
+    run(Command::new("cp")
+        .arg("-a")
+        .arg("/etc/nginx/.")
+        .arg(dir.join("conf")));
+    for sub in ["sites-enabled", "conf.d"] {
+        let _ = std::fs::remove_dir_all(dir.join("conf").join(sub));
+        std::fs::create_dir(dir.join("conf").join(sub)).unwrap();
+    }
+    // only the stock modules: not this package, should it be installed
+    for name in enabled(dir) {
+        if name.contains("threadpool") {
+            std::fs::remove_file(dir.join("conf/modules-enabled").join(name)).unwrap();
+        }
+    }
+    let conf = std::fs::read_to_string(dir.join("conf/nginx.conf")).unwrap();
+    let conf = conf
+        .replace("/etc/nginx/", &format!("{}/conf/", dir.display()))
+        .replace("/var/log/nginx/", &format!("{}/logs/", dir.display()))
+        .replace(
+            "/run/nginx.pid",
+            &format!("{}/logs/nginx.pid", dir.display()),
+        );
+    std::fs::write(dir.join("conf/nginx.conf"), conf).unwrap();
+    // `load_module modules/...` is relative to the prefix (-p)
+    std::fs::create_dir(dir.join("modules")).unwrap();
+    for entry in std::fs::read_dir(MODULES).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name().to_string_lossy().contains("threadpool") {
+            continue;
+        }
+        std::os::unix::fs::symlink(entry.path(), dir.join("modules").join(entry.file_name()))
+            .unwrap();
+    }
+    std::os::unix::fs::symlink(
+        dir.join("root").join(MODULE_SO),
+        dir.join("modules/ngx_http_threadpool_module.so"),
+    )
+    .unwrap();
+}
+
+/// The README's example (nginx-conf/debian/) in the layout, with its paths
+/// and port rewritten; the package's Lua files come first in the path.
+fn example(dir: &Path, port: u16) {
+    let src = repo().join("nginx-conf/debian");
+    let pools = std::fs::read_to_string(src.join("thread-pools.conf")).unwrap();
+    std::fs::write(dir.join("conf/modules-enabled/90-thread-pools.conf"), pools).unwrap();
+    let site = std::fs::read_to_string(src.join("threadpool.conf")).unwrap();
+    assert!(site.contains(";;\";") && site.contains("127.0.0.1:8080"));
+    let site = site
+        .replace("/etc/nginx/", &format!("{}/conf/", dir.display()))
+        .replace(
+            ";;\";",
+            &format!(";{}/root/{LUA_DIR}/?.lua;;\";", dir.display()),
+        )
+        .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"));
+    std::fs::write(dir.join("conf/conf.d/threadpool.conf"), site).unwrap();
+    run(Command::new("cp")
+        .arg("-r")
+        .arg(src.join("lua"))
+        .arg(dir.join("conf/lua")));
+}
+
+#[test]
+fn package_runs_in_the_stock_layout() {
+    let dir = prefix("deb");
+    let deb = build_package(&dir);
+    run(Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(&deb)
+        .arg(dir.join("root")));
+    run(Command::new("dpkg-deb")
+        .arg("-e")
+        .arg(&deb)
+        .arg(dir.join("DEBIAN")));
+    stock_layout(&dir);
+
+    // dpkg's configure step enables the module after the lua module
+    maintainer_script(&dir, "postinst", &["configure"]);
+    let names = enabled(&dir);
+    let ours = "60-mod-http-threadpool.conf";
+    assert!(names.contains(&ours.to_string()), "{names:?}");
+    let lua_at = names.iter().position(|n| n == "50-mod-http-lua.conf");
+    let ours_at = names.iter().position(|n| n == ours);
+    assert!(lua_at.is_some() && lua_at < ours_at, "{names:?}");
+    assert_eq!(
+        std::fs::read_link(dir.join("conf/modules-enabled").join(ours)).unwrap(),
+        dir.join("root").join(SNIPPET)
+    );
+
+    let port = free_port();
+    example(&dir, port);
+    let nginx = Nginx::start_prefix(dir.clone(), port, &["-g", "daemon off;"]);
+    let r = nginx.get("/upper?s=debian");
+    assert_eq!((r.status, r.text()), (200, "DEBIAN (thread_pool)\n".into()));
+    let r = nginx.get("/upper-inline?s=debian");
+    assert_eq!((r.status, r.text()), (200, "DEBIAN (content)\n".into()));
+    nginx.assert_clean_log();
+
+    // remove: the link is set aside as Debian's modules do; purge: gone
+    maintainer_script(&dir, "prerm", &["remove"]);
+    maintainer_script(&dir, "postrm", &["remove"]);
+    let names = enabled(&dir);
+    assert!(!names.contains(&ours.to_string()), "{names:?}");
+    assert!(names.contains(&format!("{ours}.removed")), "{names:?}");
+    maintainer_script(&dir, "postrm", &["purge"]);
+    assert!(
+        !enabled(&dir).iter().any(|n| n.contains("threadpool")),
+        "{:?}",
+        enabled(&dir)
+    );
+    // dropping nginx stops it and removes the prefix
+}
