@@ -341,3 +341,55 @@ fn package_runs_in_the_stock_layout() {
     );
     // dropping nginx stops it and removes the prefix
 }
+
+/// `make install` and `make uninstall` under DESTDIR: the same files as
+/// the package, plus the modules-enabled link; uninstall takes them all.
+#[test]
+fn make_install_and_uninstall() {
+    let dir = prefix("install");
+    let make = |target: &str| {
+        run(Command::new("make")
+            .arg("-s")
+            .arg("--no-print-directory")
+            .arg("-C")
+            .arg(repo())
+            .arg(target)
+            .arg(format!("MODULE={}", module_path().display()))
+            .arg(format!("DESTDIR={}", dir.display())))
+    };
+    let files = |dir: &Path| {
+        let out = run(Command::new("find")
+            .arg(".")
+            .arg("-not")
+            .arg("-type")
+            .arg("d")
+            .arg("-printf")
+            .arg("%p %m %l\n")
+            .current_dir(dir));
+        let mut lines: Vec<String> = out.lines().map(String::from).collect();
+        lines.sort();
+        lines
+    };
+    make("install");
+    assert_eq!(
+        files(&dir),
+        [
+            "./etc/nginx/modules-enabled/60-mod-http-threadpool.conf 777 \
+             /usr/share/nginx/modules-available/mod-http-threadpool.conf",
+            "./usr/lib/nginx/modules/ngx_http_threadpool_module.so 644 ",
+            "./usr/share/lua/5.1/resty/threadpool.lua 644 ",
+            "./usr/share/lua/5.1/resty/threadpool/codec.lua 644 ",
+            "./usr/share/nginx/modules-available/mod-http-threadpool.conf 644 ",
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(
+            dir.join("usr/share/nginx/modules-available/mod-http-threadpool.conf")
+        )
+        .unwrap(),
+        "load_module modules/ngx_http_threadpool_module.so;\n"
+    );
+    make("uninstall");
+    assert_eq!(files(&dir), Vec::<String>::new());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
