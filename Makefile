@@ -160,6 +160,7 @@ package:
 	printf 'Source: $(DEB_PKG)\n\nPackage: $(DEB_PKG)\nArchitecture: any\n' > $(DEB_OUT)/debian/control; \
 	shlibs=$$(cd $(DEB_OUT) && dpkg-shlibdeps -O -e root$(MODULES_DIR)/$(MODULE_SO) 2>/dev/null \
 		| sed -n 's/^shlibs:Depends=//p'); \
+	test -n "$$shlibs" || { echo "dpkg-shlibdeps found no dependencies (make deps installs dpkg-dev)" >&2; exit 1; }; \
 	for script in postinst prerm postrm; do \
 		{ printf '#!/bin/sh\nset -e\n'; \
 		  sed 's/#NAMES#/$(SNIPPET):$(ENABLED)/' /usr/share/debhelper/autoscripts/$$script-nginx; \

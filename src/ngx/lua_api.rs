@@ -146,12 +146,12 @@ impl WorkerInfo {
 /// ngx.log and the global print to the lua module's; the caller replaces
 /// both (a thread's log lines name the pool).
 pub fn inject(lua: &Lua, ngx: &Table, conf: Option<LuaConf>) -> mlua::Result<()> {
+    let m = lua_module();
     // SAFETY: exec_raw runs the closure protected, with `ngx` alone on the
     // stack; each inject function pushes a value, sets it as a field of the
     // table below it and so leaves the stack as it found it. They touch no
     // request and no event-loop state (see the module comment), which is
     // why the lua module runs them in its own worker threads too.
-    let m = lua_module();
     unsafe {
         lua.exec_raw::<()>(ngx, |l| {
             (m.inject_core_consts)(l);
