@@ -61,26 +61,20 @@ fn loaded_without_the_lua_module() {
     );
 }
 
+fn assert_passes(conf: &str) {
+    let out = nginx_test_conf(conf, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{conf}\n{err}");
+}
+
 #[test]
 fn loaded_after_the_lua_module() {
-    let conf = with_modules(|l| l.to_vec());
-    let out = nginx_test_conf(&conf, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_passes(&with_modules(|l| l.to_vec()));
 }
 
 #[test]
 fn without_an_http_block_the_module_needs_nothing() {
     // nginx -t on a main-only configuration: nothing of the module runs
     let conf = with_modules(|l| vec![l[2].clone()]);
-    let main_only = conf[..conf.find("http {").unwrap()].to_string();
-    let out = nginx_test_conf(&main_only, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_passes(&conf[..conf.find("http {").unwrap()]);
 }
