@@ -7,10 +7,12 @@
 //! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
 mod error;
+pub mod stats;
 pub mod tasks;
 mod threads;
 
 pub use error::WorkerError;
+use stats::PoolStats;
 
 use crate::ngx::log;
 use crate::vm::Spec;
@@ -20,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tasks::{RequestTasks, TaskId, Tasks};
+use tasks::{Release, RequestTasks, TaskId, Tasks};
 use threads::{thread_main, Completion, Job, THREAD_STACK_SIZE};
 
 struct Pool {
@@ -32,6 +34,7 @@ struct Pool {
     max_queue: usize,
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
+    stats: Arc<PoolStats>,
 }
 
 /// The worker's state; lives on the event-loop thread only.
@@ -65,14 +68,21 @@ impl Worker {
         let mut pools = Vec::with_capacity(specs.len());
         for (spec, threads, max_queue) in specs {
             let (tx, rx) = unbounded::<Job>();
+            let stats = Arc::new(PoolStats::default());
+            stats.threads.store(threads as u64, Ordering::Relaxed);
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
-                let (thread_spec, rx, done, stopping) =
-                    (spec.clone(), rx.clone(), done_tx.clone(), stopping.clone());
+                let (thread_spec, rx, done, stopping, stats) = (
+                    spec.clone(),
+                    rx.clone(),
+                    done_tx.clone(),
+                    stopping.clone(),
+                    stats.clone(),
+                );
                 let handle = std::thread::Builder::new()
                     .name(format!("tp {}", spec.pool))
                     .stack_size(THREAD_STACK_SIZE)
-                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping))
+                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping, stats))
                     .map_err(|err| WorkerError::ThreadSpawn {
                         pool: spec.pool.clone(),
                         err,
@@ -91,12 +101,15 @@ impl Worker {
                 max_queue,
                 jobs: Some(tx),
                 threads: handles,
+                stats,
             });
         }
+        let mut tasks = Tasks::default();
+        tasks.stats = pools.iter().map(|p| p.stats.clone()).collect();
         let worker = Worker {
             pools,
             completions: done_rx,
-            tasks: Tasks::default(),
+            tasks,
             last_result: Vec::new(),
             stopping,
         };
@@ -114,9 +127,11 @@ impl Worker {
         owner: *mut RequestTasks,
         args: &[u8],
     ) -> Result<TaskId, WorkerError> {
+        let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
         if jobs.len() >= pool.max_queue {
+            PoolStats::add(&pool.stats.rejected);
             return Err(WorkerError::QueueFull);
         }
         let mut payload = self.tasks.buffer();
@@ -126,22 +141,37 @@ impl Worker {
         }
         payload.extend_from_slice(args);
         // SAFETY: forwarded from the caller.
-        let task = unsafe { self.tasks.start(owner) }?;
-        if let Err(e) = jobs.send(Job { task, payload }) {
+        let task = unsafe { self.tasks.start(owner, index) }?;
+        PoolStats::add(&pool.stats.queued);
+        let job = Job {
+            task,
+            payload,
+            queued_at: Instant::now(),
+        };
+        if let Err(e) = jobs.send(job) {
             // Every thread is gone: abandon, then complete, which frees the
             // record at once.
-            self.tasks.release(task);
+            PoolStats::sub(&pool.stats.queued);
+            self.tasks.release(task, Release::NotWaiting);
             if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
                 self.tasks.recycle(buf);
             }
             return Err(WorkerError::Stopped);
         }
+        PoolStats::add(&pool.stats.pushed);
         log::debug(format_args!(
             "task {task:#x} queued for thread pool \"{}\", {} bytes",
             pool.name,
             args.len()
         ));
         Ok(task)
+    }
+
+    /// The counters of pool `pool`, in PoolStats::write's order.
+    pub fn stats(&self, pool: usize) -> Option<Vec<u64>> {
+        let mut out = Vec::with_capacity(stats::STATS_LEN);
+        self.pools.get(pool)?.stats.write(&mut out);
+        Some(out)
     }
 
     /// Takes every completion posted so far (called on wake-up).

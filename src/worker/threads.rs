@@ -1,6 +1,7 @@
 //! A pool thread: its Lua state, its loop over the pool's job channel, and
 //! how it goes idle.
 
+use super::stats::PoolStats;
 use super::tasks::{TaskId, LARGE};
 use crate::ngx::{guard, log, notify, os};
 use crate::vm::{self, Outcome, Spec, ThreadVm};
@@ -18,6 +19,7 @@ pub(super) const THREAD_STACK_SIZE: usize = 8 << 20;
 pub struct Job {
     pub task: TaskId,
     pub payload: Vec<u8>,
+    pub queued_at: Instant,
 }
 
 /// A finished task on its way back: the payload now holds the results.
@@ -33,6 +35,7 @@ pub(super) fn thread_main(
     jobs: Receiver<Job>,
     done: Sender<Completion>,
     stopping: Arc<AtomicBool>,
+    stats: Arc<PoolStats>,
 ) {
     os::block_async_signals();
     os::lower_priority(PRIORITY_DROP);
@@ -78,9 +81,13 @@ pub(super) fn thread_main(
             Next::Closed => break,
         };
         handled += job.payload.len();
+        PoolStats::sub(&stats.queued);
         if stopping.load(Ordering::Relaxed) {
             continue;
         }
+        stats.wait.observe(job.queued_at.elapsed());
+        PoolStats::add(&stats.busy);
+        let started = Instant::now();
         debug(format_args!(
             "task {:#x} started in thread pool \"{pool}\" thread #{index}",
             job.task
@@ -95,6 +102,13 @@ pub(super) fn thread_main(
                 Outcome::Failed
             }
         };
+        stats.run.observe(started.elapsed());
+        PoolStats::sub(&stats.busy);
+        PoolStats::add(if outcome == Outcome::Done {
+            &stats.completed
+        } else {
+            &stats.errors
+        });
         debug(format_args!(
             "task {:#x} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
             job.task,
