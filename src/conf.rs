@@ -36,6 +36,8 @@ pub struct PoolConf {
 #[derive(Default)]
 pub struct MainConf {
     pub pools: Vec<PoolConf>,
+    /// Every worker's counters, in shared memory (when there are pools).
+    pub status: Option<crate::status::StatusTable>,
 }
 
 /// The pools' main conf in `cycle`, if the configuration has an http block.

@@ -34,7 +34,7 @@ struct Pool {
     max_queue: usize,
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
-    stats: Arc<PoolStats>,
+    stats: &'static PoolStats,
 }
 
 /// The worker's state; lives on the event-loop thread only.
@@ -61,14 +61,24 @@ pub fn with_worker<R>(f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
 
 impl Worker {
     /// Starts the threads of every pool; `specs` pairs each pool's spec
-    /// with its (threads, max_queue).
-    pub fn start(specs: Vec<(Spec, usize, usize)>) -> Result<(), WorkerError> {
+    /// with its (threads, max_queue). `shared` is this worker's row of the
+    /// shared counters, one per pool, when the status table exists.
+    pub fn start(
+        specs: Vec<(Spec, usize, usize)>,
+        shared: Option<&'static [PoolStats]>,
+    ) -> Result<(), WorkerError> {
         let (done_tx, done_rx) = unbounded();
         let stopping = Arc::new(AtomicBool::new(false));
         let mut pools = Vec::with_capacity(specs.len());
-        for (spec, threads, max_queue) in specs {
+        for (i, (spec, threads, max_queue)) in specs.into_iter().enumerate() {
             let (tx, rx) = unbounded::<Job>();
-            let stats = Arc::new(PoolStats::default());
+            // Without the shared table (one process, no http block), this
+            // worker's own; it lives as long as the process.
+            let stats: &'static PoolStats = match shared.and_then(|row| row.get(i)) {
+                Some(s) => s,
+                None => Box::leak(Box::default()),
+            };
+            stats.reset();
             stats.threads.store(threads as u64, Ordering::Relaxed);
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
@@ -77,7 +87,7 @@ impl Worker {
                     rx.clone(),
                     done_tx.clone(),
                     stopping.clone(),
-                    stats.clone(),
+                    stats,
                 );
                 let handle = std::thread::Builder::new()
                     .name(format!("tp {}", spec.pool))
@@ -105,7 +115,7 @@ impl Worker {
             });
         }
         let mut tasks = Tasks::default();
-        tasks.stats = pools.iter().map(|p| p.stats.clone()).collect();
+        tasks.stats = pools.iter().map(|p| p.stats).collect();
         let worker = Worker {
             pools,
             completions: done_rx,

@@ -61,10 +61,43 @@ pub struct PoolStats {
     pub run: Histogram,
 }
 
+/// Names of PoolStats' counters, in `write`'s order.
+pub const COUNTER_NAMES: [&str; 9] = [
+    "threads",
+    "busy",
+    "queued",
+    "pushed",
+    "completed",
+    "errors",
+    "rejected",
+    "timed_out",
+    "abandoned",
+];
+
 /// How many numbers `PoolStats::write` produces.
 pub const STATS_LEN: usize = 9 + 2 * (BUCKETS + 1);
 
 impl PoolStats {
+    /// Every number back to 0 (a worker that starts in a slot of the
+    /// shared table).
+    pub fn reset(&self) {
+        let mut all = vec![&self.threads, &self.busy, &self.queued, &self.pushed];
+        all.extend([
+            &self.completed,
+            &self.errors,
+            &self.rejected,
+            &self.timed_out,
+        ]);
+        all.push(&self.abandoned);
+        for h in [&self.wait, &self.run] {
+            all.extend(h.buckets.iter());
+            all.push(&h.sum_us);
+        }
+        for c in all {
+            c.store(0, Relaxed);
+        }
+    }
+
     pub fn add(counter: &AtomicU64) {
         counter.fetch_add(1, Relaxed);
     }

@@ -10,7 +10,6 @@ use super::stats::PoolStats;
 use super::{with_worker, WorkerError};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
-use std::sync::Arc;
 
 /// A task's handle as the shim holds it: generation << 32 | slot. A stale or
 /// forged handle names no live record and is refused.
@@ -86,7 +85,7 @@ pub struct Tasks {
     /// Result buffers kept for reuse, so steady state allocates nothing.
     spare: Vec<Vec<u8>>,
     /// Each pool's counters, by pool index.
-    pub stats: Vec<Arc<PoolStats>>,
+    pub stats: Vec<&'static PoolStats>,
 }
 
 /// Why a caller lets go of a task.

@@ -35,7 +35,7 @@ pub(super) fn thread_main(
     jobs: Receiver<Job>,
     done: Sender<Completion>,
     stopping: Arc<AtomicBool>,
-    stats: Arc<PoolStats>,
+    stats: &'static PoolStats,
 ) {
     os::block_async_signals();
     os::lower_priority(PRIORITY_DROP);
