@@ -42,7 +42,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 8] = [
+static mut COMMANDS: [sys::ngx_command_t; 9] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -78,6 +78,12 @@ static mut COMMANDS: [sys::ngx_command_t; 8] = [
         BLOCK_MAIN,
         conf::set_chunk,
         PROCESS | BLOCK,
+    ),
+    command(
+        ngx_string(c"thread_pool_slow_task_log"),
+        TAKE2_MAIN,
+        conf::set_slow_task,
+        0,
     ),
     command(
         ngx_string(c"thread_pool_status"),
@@ -214,7 +220,12 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     log,
                     ngx: ngx_env,
                 };
-                Ok((spec, p.threads, p.max_queue))
+                Ok(worker::PoolSetup {
+                    spec,
+                    threads: p.threads,
+                    max_queue: p.max_queue,
+                    slow_task: p.slow_task,
+                })
             })
             .collect();
         let started = specs.and_then(|specs| {

@@ -10,6 +10,7 @@ mod error;
 pub mod stats;
 pub mod tasks;
 mod threads;
+mod watchdog;
 
 pub use error::WorkerError;
 use stats::PoolStats;
@@ -47,6 +48,17 @@ pub struct Worker {
     pub last_result: Vec<u8>,
     /// Set at exit: threads drop queued jobs instead of running them.
     stopping: Arc<AtomicBool>,
+    /// The watchdog of slow tasks: closing the sender stops it.
+    watchdog: Option<(Sender<()>, JoinHandle<()>)>,
+}
+
+/// What Worker::start needs of a pool.
+pub struct PoolSetup {
+    pub spec: Spec,
+    pub threads: usize,
+    pub max_queue: usize,
+    /// Tasks running longer than this get a warn line (None: never).
+    pub slow_task: Option<Duration>,
 }
 
 thread_local! {
@@ -64,13 +76,22 @@ impl Worker {
     /// with its (threads, max_queue). `shared` is this worker's row of the
     /// shared counters, one per pool, when the status table exists.
     pub fn start(
-        specs: Vec<(Spec, usize, usize)>,
+        setups: Vec<PoolSetup>,
         shared: Option<&'static [PoolStats]>,
     ) -> Result<(), WorkerError> {
         let (done_tx, done_rx) = unbounded();
         let stopping = Arc::new(AtomicBool::new(false));
-        let mut pools = Vec::with_capacity(specs.len());
-        for (i, (spec, threads, max_queue)) in specs.into_iter().enumerate() {
+        let mut pools = Vec::with_capacity(setups.len());
+        let epoch = Instant::now();
+        let mut watched = Vec::new();
+        let log = setups.first().and_then(|s| s.spec.log);
+        for (i, setup) in setups.into_iter().enumerate() {
+            let PoolSetup {
+                spec,
+                threads,
+                max_queue,
+                slow_task,
+            } = setup;
             let (tx, rx) = unbounded::<Job>();
             // Without the shared table (one process, no http block), this
             // worker's own; it lives as long as the process.
@@ -82,6 +103,16 @@ impl Worker {
             stats.threads.store(threads as u64, Ordering::Relaxed);
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
+                let running = Arc::new(watchdog::Running::default());
+                if let Some(threshold) = slow_task {
+                    watched.push(watchdog::Watched {
+                        pool: spec.pool.clone(),
+                        thread: i,
+                        threshold,
+                        running: running.clone(),
+                    });
+                }
+                let watch = threads::Watch { running, epoch };
                 let (thread_spec, rx, done, stopping, stats) = (
                     spec.clone(),
                     rx.clone(),
@@ -92,7 +123,7 @@ impl Worker {
                 let handle = std::thread::Builder::new()
                     .name(format!("tp {}", spec.pool))
                     .stack_size(THREAD_STACK_SIZE)
-                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping, stats))
+                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping, stats, watch))
                     .map_err(|err| WorkerError::ThreadSpawn {
                         pool: spec.pool.clone(),
                         err,
@@ -114,6 +145,22 @@ impl Worker {
                 stats,
             });
         }
+        let watchdog = if watched.is_empty() {
+            None
+        } else {
+            let (stop_tx, stop_rx) = unbounded();
+            let handle = std::thread::Builder::new()
+                .name("tp watchdog".into())
+                .spawn(move || {
+                    crate::ngx::os::block_async_signals();
+                    watchdog::watch(watched, epoch, log, stop_rx)
+                })
+                .map_err(|err| WorkerError::ThreadSpawn {
+                    pool: "(watchdog)".into(),
+                    err,
+                })?;
+            Some((stop_tx, handle))
+        };
         let mut tasks = Tasks::default();
         tasks.stats = pools.iter().map(|p| p.stats).collect();
         let worker = Worker {
@@ -122,6 +169,7 @@ impl Worker {
             tasks,
             last_result: Vec::new(),
             stopping,
+            watchdog,
         };
         WORKER.with(|w| *w.borrow_mut() = Some(worker));
         Ok(())
@@ -208,6 +256,10 @@ pub fn stop(grace: Duration) {
         return;
     };
     worker.stopping.store(true, Ordering::SeqCst);
+    if let Some((stop, handle)) = worker.watchdog.take() {
+        drop(stop);
+        let _ = handle.join();
+    }
     for p in &mut worker.pools {
         p.jobs = None;
     }

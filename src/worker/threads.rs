@@ -3,6 +3,7 @@
 
 use super::stats::PoolStats;
 use super::tasks::{TaskId, LARGE};
+use super::watchdog::Running;
 use crate::ngx::{guard, log, notify, os};
 use crate::vm::{self, Outcome, Spec, ThreadVm};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -22,6 +23,12 @@ pub struct Job {
     pub queued_at: Instant,
 }
 
+/// What a thread tells the watchdog of slow tasks.
+pub struct Watch {
+    pub running: Arc<Running>,
+    pub epoch: Instant,
+}
+
 /// A finished task on its way back: the payload now holds the results.
 pub struct Completion {
     pub task: TaskId,
@@ -36,6 +43,7 @@ pub(super) fn thread_main(
     done: Sender<Completion>,
     stopping: Arc<AtomicBool>,
     stats: &'static PoolStats,
+    watch: Watch,
 ) {
     os::block_async_signals();
     os::lower_priority(PRIORITY_DROP);
@@ -88,6 +96,7 @@ pub(super) fn thread_main(
         stats.wait.observe(job.queued_at.elapsed());
         PoolStats::add(&stats.busy);
         let started = Instant::now();
+        watch.running.start(watch.epoch, job.task);
         debug(format_args!(
             "task {:#x} started in thread pool \"{pool}\" thread #{index}",
             job.task
@@ -102,6 +111,7 @@ pub(super) fn thread_main(
                 Outcome::Failed
             }
         };
+        watch.running.finish();
         stats.run.observe(started.elapsed());
         PoolStats::sub(&stats.busy);
         PoolStats::add(if outcome == Outcome::Done {
