@@ -4,7 +4,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson libpcre3 \
 	libluajit2-5.1-dev libclang-dev clang pkg-config wrk \
-	imagemagick libmagickwand-6.q16-6 dpkg-dev binutils
+	imagemagick libmagickwand-6.q16-6 python3-prometheus-client dpkg-dev binutils
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
 # As root, nginx would run its workers as nobody, who may not read a

@@ -18,6 +18,7 @@ use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
 use crate::vm::chunk::{self, Chunk, Style};
 use std::ffi::{c_char, c_void};
+use std::time::Duration;
 
 /// One pool with a handler, as configured.
 pub struct PoolConf {
@@ -28,6 +29,9 @@ pub struct PoolConf {
     /// Where the first directive naming the pool is, for errors found
     /// after the whole configuration is read.
     pub defined_at: String,
+    /// `thread_pool_slow_task_log`: a warn line for a task running longer
+    /// (None: off).
+    pub slow_task: Option<Duration>,
     /// From the thread_pool declaration, read at init_module.
     pub threads: usize,
     pub max_queue: usize,
@@ -36,6 +40,8 @@ pub struct PoolConf {
 #[derive(Default)]
 pub struct MainConf {
     pub pools: Vec<PoolConf>,
+    /// Every worker's counters, in shared memory (when there are pools).
+    pub status: Option<crate::status::StatusTable>,
 }
 
 /// The pools' main conf in `cycle`, if the configuration has an http block.
@@ -72,6 +78,7 @@ impl MainConf {
             init: None,
             process: None,
             defined_at: cf.file_line(),
+            slow_task: Some(DEFAULT_SLOW_TASK),
             threads: 0,
             max_queue: 0,
         });
@@ -107,6 +114,41 @@ impl MainConf {
         }
         Ok(())
     }
+}
+
+/// `thread_pool_slow_task_log`'s default: a LuaJIT task this long is
+/// almost certainly stuck (a loop that cannot be interrupted).
+const DEFAULT_SLOW_TASK: Duration = Duration::from_secs(10);
+
+/// The setter of `thread_pool_slow_task_log POOL TIME | off;`.
+///
+/// # Safety
+/// Called by nginx only, with `conf` our MainConf.
+pub unsafe extern "C" fn set_slow_task(
+    cf: *mut sys::ngx_conf_t,
+    _cmd: *mut sys::ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
+        // SAFETY: nginx passes the parsed configuration and our main conf.
+        let (cf, main) = unsafe { (Conf::from_raw(cf), &mut *(conf as *mut MainConf)) };
+        let args = cf.args();
+        let threshold = if args[2] == b"off" {
+            None
+        } else {
+            match cf.parse_time_ms(args[2]) {
+                Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+                _ => return cf.error(&ConfError::BadTime.to_string()),
+            }
+        };
+        match main.pool_mut(cf, args[1]) {
+            Ok(pool) => {
+                pool.slow_task = threshold;
+                NGX_CONF_OK
+            }
+            Err(e) => cf.error(&e.to_string()),
+        }
+    })
 }
 
 /// The setter of every `thread_pool_{init,process}_by_lua[_file]`.

@@ -8,6 +8,8 @@ pub enum ConfError {
     /// Errors of a directive: nginx prints `"<directive>" directive <this>
     /// in <file>:<line>`.
     PoolNameNotUtf8,
+    /// Not a time nginx understands (`100ms`, `5s`, `1m`) or `off`.
+    BadTime,
     NoMemory,
     Read {
         path: String,
@@ -37,6 +39,7 @@ impl fmt::Display for ConfError {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         match self {
             ConfError::PoolNameNotUtf8 => f.write_str("pool name is not UTF-8"),
+            ConfError::BadTime => f.write_str("expects a time (100ms, 5s...) or off"),
             ConfError::NoMemory => f.write_str("no memory"),
             ConfError::Read { path, err } => write!(f, "cannot read \"{path}\": {err}"),
             ConfError::Block(msg) => f.write_str(msg),

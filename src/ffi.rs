@@ -7,12 +7,12 @@ use crate::ngx::guard::no_unwind;
 use crate::ngx::log;
 use crate::ngx::shim::{self, ErrOut, Out, Request};
 use crate::ngx::sys;
-use crate::worker::tasks::{RequestTasks, TaskId, KEEP};
+use crate::worker::tasks::{Release, RequestTasks, TaskId, KEEP};
 use crate::worker::{with_worker, WorkerError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 3;
+pub const API_VERSION: c_int = 4;
 
 pub const OK: c_int = 0;
 pub const ERROR: c_int = -1;
@@ -110,7 +110,7 @@ pub unsafe extern "C" fn ngx_threadpool_push(
             };
             if rc == ERROR {
                 // Not waiting after all: the task runs for no one.
-                w.tasks.release(id);
+                w.tasks.release(id, Release::NotWaiting);
             }
             rc
         });
@@ -181,9 +181,28 @@ pub extern "C" fn ngx_threadpool_release(task: TaskId) {
     no_unwind("release", (), || {
         with_worker(|w| {
             log::debug(format_args!("task {task:#x} released by its caller"));
-            if let Some(buf) = w.tasks.release(task) {
+            if let Some(buf) = w.tasks.release(task, Release::Timeout) {
                 w.tasks.recycle(buf);
             }
         });
+    })
+}
+
+/// This worker's counters of pool `pool` (see worker/stats.rs for the
+/// order): writes at most `n` numbers to `out` and returns how many it
+/// wrote, or -1 outside a worker or for an unknown pool.
+///
+/// # Safety
+/// `out` must hold `n` writable numbers.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_threadpool_stats(pool: c_int, out: *mut u64, n: usize) -> c_int {
+    no_unwind("stats", -1, || {
+        let Some(stats) = with_worker(|w| w.stats(pool as usize)).flatten() else {
+            return -1;
+        };
+        let n = n.min(stats.len());
+        // SAFETY: the caller vouches for out and n.
+        unsafe { std::ptr::copy_nonoverlapping(stats.as_ptr(), out, n) };
+        n as c_int
     })
 }

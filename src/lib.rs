@@ -29,6 +29,7 @@ mod conf_error;
 pub mod ffi;
 pub mod lua;
 pub mod ngx;
+pub mod status;
 pub mod vm;
 pub mod worker;
 
@@ -41,7 +42,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 7] = [
+static mut COMMANDS: [sys::ngx_command_t; 9] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -78,12 +79,24 @@ static mut COMMANDS: [sys::ngx_command_t; 7] = [
         conf::set_chunk,
         PROCESS | BLOCK,
     ),
+    command(
+        ngx_string(c"thread_pool_slow_task_log"),
+        TAKE2_MAIN,
+        conf::set_slow_task,
+        0,
+    ),
+    command(
+        ngx_string(c"thread_pool_status"),
+        sys::NGX_HTTP_LOC_CONF | sys::NGX_CONF_NOARGS,
+        status::set_status,
+        0,
+    ),
     NULL_COMMAND,
 ];
 
 static mut HTTP_CTX: sys::ngx_http_module_t = sys::ngx_http_module_t {
     preconfiguration: None,
-    postconfiguration: None,
+    postconfiguration: Some(postconfiguration),
     create_main_conf: Some(create_main_conf),
     init_main_conf: None,
     create_srv_conf: None,
@@ -128,6 +141,30 @@ unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
         unsafe { ngx::pool::adopt((*cf).pool, MainConf::default()) }
             .map_or(ptr::null_mut(), |p| p.as_ptr().cast())
     })
+}
+
+/// End of the http block: the shared table of every worker's counters.
+unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int_t {
+    ngx::guard::no_unwind(
+        "postconfiguration",
+        sys::NGX_ERROR as sys::ngx_int_t,
+        || {
+            // SAFETY: nginx passes the configuration being parsed, whose http
+            // main conf holds our MainConf.
+            let Some(conf) = (unsafe { conf::main_conf((*cf).cycle) }) else {
+                return sys::NGX_OK as sys::ngx_int_t;
+            };
+            if conf.pools.is_empty() {
+                return sys::NGX_OK as sys::ngx_int_t;
+            }
+            // SAFETY: as above.
+            conf.status = unsafe { status::StatusTable::add(cf, conf.pools.len()) };
+            if conf.status.is_none() {
+                return sys::NGX_ERROR as sys::ngx_int_t;
+            }
+            sys::NGX_OK as sys::ngx_int_t
+        },
+    )
 }
 
 /// Master, after the whole configuration is read (also under `nginx -t`):
@@ -189,12 +226,21 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     log,
                     ngx: ngx_env,
                 };
-                Ok((spec, p.threads, p.max_queue))
+                Ok(worker::PoolSetup {
+                    spec,
+                    threads: p.threads,
+                    max_queue: p.max_queue,
+                    slow_task: p.slow_task,
+                })
             })
             .collect();
         let started = specs.and_then(|specs| {
             ngx::notify::install(worker::drain)?;
-            worker::Worker::start(specs).map_err(|e| e.to_string())
+            let shared = conf
+                .status
+                .as_ref()
+                .and_then(|t| t.row(ngx::http::worker_number()));
+            worker::Worker::start(specs, shared).map_err(|e| e.to_string())
         });
         match started {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,

@@ -560,7 +560,8 @@ fn each_worker_has_its_own_pool() {
     );
     for pid in workers {
         let names = thread_names(pid);
-        assert_eq!(names.len(), 4, "worker {pid}: {names:?}");
+        // the event loop, the pool's threads and the slow-task watchdog
+        assert_eq!(names.len(), 5, "worker {pid}: {names:?}");
         assert_eq!(
             names.iter().filter(|n| *n == "tp wpool").count(),
             3,
@@ -606,8 +607,8 @@ fn pool_without_handler_stays_nginx_own() {
     let names = thread_names(worker(&n));
     assert_eq!(
         names.len(),
-        4,
-        "event loop + 2 io_pool + 1 lua_pool: {names:?}"
+        5,
+        "event loop + 2 io_pool + 1 lua_pool + the watchdog: {names:?}"
     );
     assert_eq!(
         names.iter().filter(|n| *n == "tp lua_pool").count(),

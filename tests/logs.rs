@@ -57,3 +57,57 @@ fn lifecycle_notices_and_the_journey_in_the_debug_log() {
     );
     assert!(!log.contains("ngx_threadpool: task "), "{log}");
 }
+
+#[test]
+fn a_slow_task_gets_one_warn_line() {
+    let ngx = Nginx::start(
+        "thread_pool slow threads=1;",
+        r#"
+    thread_pool_slow_task_log slow 100ms;
+    thread_pool_process_by_lua_block slow {
+        local ffi = require "ffi"
+        ffi.cdef "int usleep(unsigned int usec);"
+        return function(s) ffi.C.usleep(s * 1e6) return s end
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        location / {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.print(tp.slow:push_task(tonumber(ngx.var.arg_s)))
+            }
+        }
+    }
+"#,
+    );
+    assert_eq!(ngx.get("/?s=0.01").text(), "0.01");
+    assert_eq!(ngx.get("/?s=0.5").text(), "0.5");
+    let log = ngx.error_log();
+    let warns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("[warn]") && l.contains("has been running for"))
+        .collect();
+    assert_eq!(warns.len(), 1, "{log}");
+    assert!(
+        warns[0].contains("ngx_threadpool: thread pool \"slow\" thread #0: task 0x"),
+        "{}",
+        warns[0]
+    );
+}
+
+#[test]
+fn slow_task_log_takes_a_time_or_off() {
+    let http = "thread_pool_slow_task_log p soon;\nthread_pool_process_by_lua p \"return ...\";";
+    let out = nginx_test("thread_pool p threads=1;", http, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "\"thread_pool_slow_task_log\" directive expects a time (100ms, 5s...) or off"
+        ),
+        "{err}"
+    );
+    let http = "thread_pool_slow_task_log p off;\nthread_pool_process_by_lua p \"return ...\";";
+    assert!(nginx_test("thread_pool p threads=1;", http, &[])
+        .status
+        .success());
+}

@@ -9,6 +9,7 @@
 local ffi = require "ffi"
 local base = require "resty.core.base"
 local buffer = require "string.buffer"
+local new_tab = require "table.new"
 local codec = require "resty.threadpool.codec"
 
 local C = ffi.C
@@ -39,9 +40,10 @@ int ngx_threadpool_result(uint64_t task, const unsigned char **data,
     size_t *len);
 void ngx_threadpool_release(uint64_t task);
 void ngx_threadpool_result_done(void);
+int ngx_threadpool_stats(int pool, uint64_t *out, size_t n);
 ]]
 
-local API_VERSION = 3
+local API_VERSION = 4
 -- Payloads larger than this are freed as soon as they are used (smaller
 -- buffers are reused: fresh pages cost more than the copies). From this
 -- size the C library maps a block on its own anyway (ngx/os.rs).
@@ -159,6 +161,26 @@ local function push(pool, ms, ...)
     return nil, ffi_str(err_buf, err_len[0])
 end
 
+-- The counters of worker/stats.rs, in its order, then two histograms of
+-- (buckets, sum in µs) with these upper bounds in seconds.
+local COUNTERS = { "threads", "busy", "queued", "pushed", "completed",
+                   "errors", "rejected", "timed_out", "abandoned" }
+local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, math.huge }
+local STATS_LEN = #COUNTERS + 2 * (#BOUNDS + 1)
+local stats_out = ffi_new("uint64_t[?]", STATS_LEN)
+
+local function histogram(offset)
+    local buckets = new_tab(#BOUNDS, 0)
+    local count = 0
+    for i = 1, #BOUNDS do
+        local n = tonumber(stats_out[offset + i - 1])
+        buckets[i] = { le = BOUNDS[i], count = n }
+        count = count + n
+    end
+    return { buckets = buckets, count = count,
+             sum = tonumber(stats_out[offset + #BOUNDS]) / 1e6 }
+end
+
 local Pool = {}
 Pool.__index = Pool
 
@@ -186,6 +208,24 @@ end
 function Pool.set_timeout(self, seconds)
     check_self(self, "set_timeout")
     self.timeout_ms = timeout_ms(seconds)
+end
+
+-- This worker's counters of the pool: a table (see the README), or nil
+-- and an error outside a worker process.
+function Pool.stats(self)
+    check_self(self, "stats")
+    local n = C.ngx_threadpool_stats(self.id, stats_out, STATS_LEN)
+    if n ~= STATS_LEN then
+        return nil, "no stats outside a worker process"
+    end
+    local t = new_tab(0, #COUNTERS + 3)
+    for i = 1, #COUNTERS do
+        t[COUNTERS[i]] = tonumber(stats_out[i - 1])
+    end
+    t.in_flight = t.queued + t.busy
+    t.wait = histogram(#COUNTERS)
+    t.run = histogram(#COUNTERS + #BOUNDS + 1)
+    return t
 end
 
 local _M = { _VERSION = "0.1.0" }

@@ -65,6 +65,17 @@ impl Conf {
         }
     }
 
+    /// A time in nginx's syntax (`100ms`, `5s`, `1m`) in milliseconds.
+    pub fn parse_time_ms(&self, word: &[u8]) -> Option<u64> {
+        let mut s = sys::ngx_str_t {
+            len: word.len(),
+            data: word.as_ptr() as *mut u8,
+        };
+        // SAFETY: ngx_parse_time only reads the string.
+        let ms = unsafe { sys::ngx_parse_time(&mut s, 0) };
+        u64::try_from(ms).ok()
+    }
+
     /// The line nginx's tokenizer is on in the current file (0 without one).
     pub fn line(&self) -> usize {
         // SAFETY: conf_file is set while a file is being parsed.

@@ -6,6 +6,7 @@
 pub mod bindings;
 pub mod conf;
 pub mod guard;
+pub mod http;
 pub mod http_locations;
 pub mod log;
 pub mod lua;
@@ -16,6 +17,7 @@ pub mod notify;
 pub mod os;
 pub mod pool;
 pub mod shim;
+pub mod shm;
 pub mod thread_pool;
 
 pub use bindings as sys;

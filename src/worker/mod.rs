@@ -7,10 +7,13 @@
 //! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
 mod error;
+pub mod stats;
 pub mod tasks;
 mod threads;
+mod watchdog;
 
 pub use error::WorkerError;
+use stats::PoolStats;
 
 use crate::ngx::log;
 use crate::vm::Spec;
@@ -20,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tasks::{RequestTasks, TaskId, Tasks};
+use tasks::{Release, RequestTasks, TaskId, Tasks};
 use threads::{thread_main, Completion, Job, THREAD_STACK_SIZE};
 
 struct Pool {
@@ -32,6 +35,7 @@ struct Pool {
     max_queue: usize,
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
+    stats: &'static PoolStats,
 }
 
 /// The worker's state; lives on the event-loop thread only.
@@ -44,6 +48,17 @@ pub struct Worker {
     pub last_result: Vec<u8>,
     /// Set at exit: threads drop queued jobs instead of running them.
     stopping: Arc<AtomicBool>,
+    /// The watchdog of slow tasks: closing the sender stops it.
+    watchdog: Option<(Sender<()>, JoinHandle<()>)>,
+}
+
+/// What Worker::start needs of a pool.
+pub struct PoolSetup {
+    pub spec: Spec,
+    pub threads: usize,
+    pub max_queue: usize,
+    /// Tasks running longer than this get a warn line (None: never).
+    pub slow_task: Option<Duration>,
 }
 
 thread_local! {
@@ -58,21 +73,57 @@ pub fn with_worker<R>(f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
 
 impl Worker {
     /// Starts the threads of every pool; `specs` pairs each pool's spec
-    /// with its (threads, max_queue).
-    pub fn start(specs: Vec<(Spec, usize, usize)>) -> Result<(), WorkerError> {
+    /// with its (threads, max_queue). `shared` is this worker's row of the
+    /// shared counters, one per pool, when the status table exists.
+    pub fn start(
+        setups: Vec<PoolSetup>,
+        shared: Option<&'static [PoolStats]>,
+    ) -> Result<(), WorkerError> {
         let (done_tx, done_rx) = unbounded();
         let stopping = Arc::new(AtomicBool::new(false));
-        let mut pools = Vec::with_capacity(specs.len());
-        for (spec, threads, max_queue) in specs {
+        let mut pools = Vec::with_capacity(setups.len());
+        let epoch = Instant::now();
+        let mut watched = Vec::new();
+        let log = setups.first().and_then(|s| s.spec.log);
+        for (i, setup) in setups.into_iter().enumerate() {
+            let PoolSetup {
+                spec,
+                threads,
+                max_queue,
+                slow_task,
+            } = setup;
             let (tx, rx) = unbounded::<Job>();
+            // Without the shared table (one process, no http block), this
+            // worker's own; it lives as long as the process.
+            let stats: &'static PoolStats = match shared.and_then(|row| row.get(i)) {
+                Some(s) => s,
+                None => Box::leak(Box::default()),
+            };
+            stats.reset();
+            stats.threads.store(threads as u64, Ordering::Relaxed);
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
-                let (thread_spec, rx, done, stopping) =
-                    (spec.clone(), rx.clone(), done_tx.clone(), stopping.clone());
+                let running = Arc::new(watchdog::Running::default());
+                if let Some(threshold) = slow_task {
+                    watched.push(watchdog::Watched {
+                        pool: spec.pool.clone(),
+                        thread: i,
+                        threshold,
+                        running: running.clone(),
+                    });
+                }
+                let watch = threads::Watch { running, epoch };
+                let (thread_spec, rx, done, stopping, stats) = (
+                    spec.clone(),
+                    rx.clone(),
+                    done_tx.clone(),
+                    stopping.clone(),
+                    stats,
+                );
                 let handle = std::thread::Builder::new()
                     .name(format!("tp {}", spec.pool))
                     .stack_size(THREAD_STACK_SIZE)
-                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping))
+                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping, stats, watch))
                     .map_err(|err| WorkerError::ThreadSpawn {
                         pool: spec.pool.clone(),
                         err,
@@ -91,14 +142,34 @@ impl Worker {
                 max_queue,
                 jobs: Some(tx),
                 threads: handles,
+                stats,
             });
         }
+        let watchdog = if watched.is_empty() {
+            None
+        } else {
+            let (stop_tx, stop_rx) = unbounded();
+            let handle = std::thread::Builder::new()
+                .name("tp watchdog".into())
+                .spawn(move || {
+                    crate::ngx::os::block_async_signals();
+                    watchdog::watch(watched, epoch, log, stop_rx)
+                })
+                .map_err(|err| WorkerError::ThreadSpawn {
+                    pool: "(watchdog)".into(),
+                    err,
+                })?;
+            Some((stop_tx, handle))
+        };
+        let mut tasks = Tasks::default();
+        tasks.stats = pools.iter().map(|p| p.stats).collect();
         let worker = Worker {
             pools,
             completions: done_rx,
-            tasks: Tasks::default(),
+            tasks,
             last_result: Vec::new(),
             stopping,
+            watchdog,
         };
         WORKER.with(|w| *w.borrow_mut() = Some(worker));
         Ok(())
@@ -114,9 +185,11 @@ impl Worker {
         owner: *mut RequestTasks,
         args: &[u8],
     ) -> Result<TaskId, WorkerError> {
+        let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
         if jobs.len() >= pool.max_queue {
+            PoolStats::add(&pool.stats.rejected);
             return Err(WorkerError::QueueFull);
         }
         let mut payload = self.tasks.buffer();
@@ -126,22 +199,37 @@ impl Worker {
         }
         payload.extend_from_slice(args);
         // SAFETY: forwarded from the caller.
-        let task = unsafe { self.tasks.start(owner) }?;
-        if let Err(e) = jobs.send(Job { task, payload }) {
+        let task = unsafe { self.tasks.start(owner, index) }?;
+        PoolStats::add(&pool.stats.queued);
+        let job = Job {
+            task,
+            payload,
+            queued_at: Instant::now(),
+        };
+        if let Err(e) = jobs.send(job) {
             // Every thread is gone: abandon, then complete, which frees the
             // record at once.
-            self.tasks.release(task);
+            PoolStats::sub(&pool.stats.queued);
+            self.tasks.release(task, Release::NotWaiting);
             if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
                 self.tasks.recycle(buf);
             }
             return Err(WorkerError::Stopped);
         }
+        PoolStats::add(&pool.stats.pushed);
         log::debug(format_args!(
             "task {task:#x} queued for thread pool \"{}\", {} bytes",
             pool.name,
             args.len()
         ));
         Ok(task)
+    }
+
+    /// The counters of pool `pool`, in PoolStats::write's order.
+    pub fn stats(&self, pool: usize) -> Option<Vec<u64>> {
+        let mut out = Vec::with_capacity(stats::STATS_LEN);
+        self.pools.get(pool)?.stats.write(&mut out);
+        Some(out)
     }
 
     /// Takes every completion posted so far (called on wake-up).
@@ -168,6 +256,10 @@ pub fn stop(grace: Duration) {
         return;
     };
     worker.stopping.store(true, Ordering::SeqCst);
+    if let Some((stop, handle)) = worker.watchdog.take() {
+        drop(stop);
+        let _ = handle.join();
+    }
     for p in &mut worker.pools {
         p.jobs = None;
     }

@@ -6,6 +6,7 @@
 //! only marked, and the completion that arrives later frees it. The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
+use super::stats::PoolStats;
 use super::{with_worker, WorkerError};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
@@ -45,6 +46,8 @@ struct Slot {
     sema_posted: bool,
     result: Vec<u8>,
     failed: bool,
+    /// The pool the task was pushed to (an index in Tasks::stats).
+    pool: u32,
     /// The request's task list this record is on (NONE when on none).
     owner: *mut RequestTasks,
     prev: u32,
@@ -81,6 +84,19 @@ pub struct Tasks {
     free: Vec<u32>,
     /// Result buffers kept for reuse, so steady state allocates nothing.
     spare: Vec<Vec<u8>>,
+    /// Each pool's counters, by pool index.
+    pub stats: Vec<&'static PoolStats>,
+}
+
+/// Why a caller lets go of a task.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// It stopped waiting: push_task's timeout.
+    Timeout,
+    /// Its request went away.
+    RequestGone,
+    /// It never waited (the wait failed right after the push).
+    NotWaiting,
 }
 
 fn split(id: TaskId) -> (u32, u32) {
@@ -106,7 +122,11 @@ impl Tasks {
     ///
     /// # Safety
     /// `owner` must be live until it is dropped, which unlinks its records.
-    pub unsafe fn start(&mut self, owner: *mut RequestTasks) -> Result<TaskId, WorkerError> {
+    pub unsafe fn start(
+        &mut self,
+        owner: *mut RequestTasks,
+        pool: usize,
+    ) -> Result<TaskId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -119,6 +139,7 @@ impl Tasks {
                     result: Vec::new(),
                     failed: false,
                     owner: std::ptr::null_mut(),
+                    pool: 0,
                     prev: NONE,
                     next: NONE,
                 });
@@ -137,6 +158,7 @@ impl Tasks {
         }
         slot.state = State::Running;
         slot.failed = false;
+        slot.pool = pool as u32;
         let id = (u64::from(slot.gen) << 32) | u64::from(index);
         self.link(index, owner);
         Ok(id)
@@ -201,7 +223,7 @@ impl Tasks {
 
     /// The caller is done with the task: a finished record is freed, a
     /// running one is abandoned (its completion will free it).
-    pub fn release(&mut self, id: TaskId) -> Option<Vec<u8>> {
+    pub fn release(&mut self, id: TaskId, why: Release) -> Option<Vec<u8>> {
         let (gen, index) = split(id);
         let slot = self.slots.get(index as usize)?;
         if slot.gen != gen {
@@ -209,6 +231,13 @@ impl Tasks {
         }
         match slot.state {
             State::Running => {
+                if let Some(stats) = self.stats.get(slot.pool as usize) {
+                    match why {
+                        Release::Timeout => PoolStats::add(&stats.timed_out),
+                        Release::RequestGone => PoolStats::add(&stats.abandoned),
+                        Release::NotWaiting => {}
+                    }
+                }
                 self.unlink(index);
                 self.slots[index as usize].state = State::Abandoned;
                 None
@@ -242,7 +271,7 @@ impl Tasks {
         while let Some(index) = Some(unsafe { (*owner).head }).filter(|&h| h != NONE) {
             let slot = &self.slots[index as usize];
             let id = (u64::from(slot.gen) << 32) | u64::from(index);
-            match self.release(id) {
+            match self.release(id, Release::RequestGone) {
                 Some(buf) => bufs.push(buf),
                 None => self.unlink(index),
             }

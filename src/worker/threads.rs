@@ -1,7 +1,9 @@
 //! A pool thread: its Lua state, its loop over the pool's job channel, and
 //! how it goes idle.
 
+use super::stats::PoolStats;
 use super::tasks::{TaskId, LARGE};
+use super::watchdog::Running;
 use crate::ngx::{guard, log, notify, os};
 use crate::vm::{self, Outcome, Spec, ThreadVm};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -18,6 +20,13 @@ pub(super) const THREAD_STACK_SIZE: usize = 8 << 20;
 pub struct Job {
     pub task: TaskId,
     pub payload: Vec<u8>,
+    pub queued_at: Instant,
+}
+
+/// What a thread tells the watchdog of slow tasks.
+pub struct Watch {
+    pub running: Arc<Running>,
+    pub epoch: Instant,
 }
 
 /// A finished task on its way back: the payload now holds the results.
@@ -33,6 +42,8 @@ pub(super) fn thread_main(
     jobs: Receiver<Job>,
     done: Sender<Completion>,
     stopping: Arc<AtomicBool>,
+    stats: &'static PoolStats,
+    watch: Watch,
 ) {
     os::block_async_signals();
     os::lower_priority(PRIORITY_DROP);
@@ -78,9 +89,14 @@ pub(super) fn thread_main(
             Next::Closed => break,
         };
         handled += job.payload.len();
+        PoolStats::sub(&stats.queued);
         if stopping.load(Ordering::Relaxed) {
             continue;
         }
+        stats.wait.observe(job.queued_at.elapsed());
+        PoolStats::add(&stats.busy);
+        let started = Instant::now();
+        watch.running.start(watch.epoch, job.task);
         debug(format_args!(
             "task {:#x} started in thread pool \"{pool}\" thread #{index}",
             job.task
@@ -95,6 +111,14 @@ pub(super) fn thread_main(
                 Outcome::Failed
             }
         };
+        watch.running.finish();
+        stats.run.observe(started.elapsed());
+        PoolStats::sub(&stats.busy);
+        PoolStats::add(if outcome == Outcome::Done {
+            &stats.completed
+        } else {
+            &stats.errors
+        });
         debug(format_args!(
             "task {:#x} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
             job.task,

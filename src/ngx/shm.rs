@@ -1,0 +1,104 @@
+//! A shared memory zone the module owns: one block, zeroed for each new
+//! configuration (a reload starts it afresh; old workers keep the old one
+//! mapped until they exit, so they never write into the new one).
+
+use super::sys;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+
+/// A zone added to the configuration being parsed; its block exists once
+/// nginx has created the cycle's shared memory.
+#[derive(Clone, Copy)]
+pub struct Zone(NonNull<sys::ngx_shm_zone_t>);
+
+// SAFETY: the zone struct lives in the cycle's pool and is only read after
+// configuration; the memory it points to is shared and accessed with atomics.
+unsafe impl Send for Zone {}
+// SAFETY: as above.
+unsafe impl Sync for Zone {}
+
+/// Room the slab allocator's own bookkeeping needs in a zone, beyond the
+/// block (its header, page descriptors; rounded up generously).
+const SLAB_OVERHEAD: usize = 64 * 1024;
+
+impl Zone {
+    /// Adds a zone holding a zeroed block of `size` bytes.
+    ///
+    /// # Safety
+    /// `cf` must be the configuration being parsed.
+    pub unsafe fn add(cf: *mut sys::ngx_conf_t, name: &'static [u8], size: usize) -> Option<Zone> {
+        let mut name = sys::ngx_str_t {
+            len: name.len(),
+            data: name.as_ptr() as *mut u8,
+        };
+        // SAFETY: cf is being parsed; the tag is the module's record, which
+        // outlives every cycle. nginx copies nothing and keeps name.data, a
+        // static.
+        unsafe {
+            let zone = sys::ngx_shared_memory_add(
+                cf,
+                &mut name,
+                size + SLAB_OVERHEAD,
+                super::module::own() as *mut c_void,
+            );
+            let mut zone = NonNull::new(zone)?;
+            let z = zone.as_mut();
+            z.init = Some(init_zone);
+            z.data = size as *mut c_void;
+            // a new zone each configuration: never the old workers' one
+            z.noreuse = 1;
+            Some(Zone(zone))
+        }
+    }
+
+    /// The zeroed block, once nginx has created the zone (init_module on).
+    pub fn block(&self) -> Option<NonNull<u8>> {
+        // SAFETY: the zone lives as long as its cycle; data is set by
+        // init_zone (or still holds the size before that, below any valid
+        // address, hence the check against the zone's own memory).
+        unsafe {
+            let z = self.0.as_ref();
+            let data = z.data as *mut u8;
+            let start = z.shm.addr;
+            (!start.is_null() && data > start && data < start.add(z.shm.size))
+                .then(|| NonNull::new(data))
+                .flatten()
+        }
+    }
+}
+
+impl Zone {
+    /// The block as `len` values of T, once nginx has created the zone.
+    ///
+    /// # Safety
+    /// The zone must have been added with room for `len` T's, and an
+    /// all-zero T must be a valid value that may be shared between
+    /// processes and threads (atomics).
+    pub unsafe fn as_slice<T: Sync>(&self, len: usize) -> Option<&'static [T]> {
+        let block = self.block()?;
+        // SAFETY: forwarded from the caller; the slab allocator aligns a
+        // block to at least 8 bytes, and the zone stays mapped in this
+        // process until it exits.
+        Some(unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<T>(), len) })
+    }
+}
+
+unsafe extern "C" fn init_zone(
+    zone: *mut sys::ngx_shm_zone_t,
+    _old: *mut c_void,
+) -> sys::ngx_int_t {
+    super::guard::no_unwind("init_zone", sys::NGX_ERROR as sys::ngx_int_t, || {
+        // SAFETY: nginx calls this once the zone's memory exists, with the
+        // slab pool at its start; data holds the size asked for in add.
+        unsafe {
+            let size = (*zone).data as usize;
+            let pool = (*zone).shm.addr as *mut sys::ngx_slab_pool_t;
+            let block = sys::ngx_slab_calloc(pool, size);
+            if block.is_null() {
+                return sys::NGX_ERROR as sys::ngx_int_t;
+            }
+            (*zone).data = block;
+        }
+        sys::NGX_OK as sys::ngx_int_t
+    })
+}

@@ -1,0 +1,187 @@
+//! The pools' counters of every worker in a shared memory zone of the
+//! module's own, and `thread_pool_status`, a content handler that answers
+//! them in Prometheus's text exposition format.
+//!
+//! ```nginx
+//! location = /threadpool/metrics { thread_pool_status; }
+//! ```
+
+use crate::ngx::http;
+use crate::ngx::shm::Zone;
+use crate::ngx::sys;
+use crate::worker::stats::{PoolStats, BUCKET_BOUNDS_US, STATS_LEN};
+use std::ffi::{c_char, c_void};
+use std::fmt::Write;
+
+/// One PoolStats per worker and pool, worker-major.
+pub struct StatusTable {
+    zone: Zone,
+    workers: usize,
+    pools: usize,
+}
+
+impl StatusTable {
+    /// Adds the zone for `pools` pools and the configured worker count
+    /// (or, if worker_processes comes later in the file, the CPU count).
+    ///
+    /// # Safety
+    /// `cf` must be the configuration being parsed (postconfiguration).
+    pub unsafe fn add(cf: *mut sys::ngx_conf_t, pools: usize) -> Option<StatusTable> {
+        // SAFETY: forwarded from the caller.
+        let workers = unsafe { http::configured_workers(cf) }.unwrap_or_else(http::cpus);
+        let size = workers * pools * std::mem::size_of::<PoolStats>();
+        // SAFETY: forwarded from the caller.
+        let zone = unsafe { Zone::add(cf, b"ngx_threadpool_status", size) }?;
+        Some(StatusTable {
+            zone,
+            workers,
+            pools,
+        })
+    }
+
+    fn all(&self) -> Option<&'static [PoolStats]> {
+        // SAFETY: the zone was added with room for workers × pools
+        // PoolStats, which are atomics, valid when zero.
+        unsafe { self.zone.as_slice(self.workers * self.pools) }
+    }
+
+    /// Worker `worker`'s row, one PoolStats per pool (None past the
+    /// workers the table was sized for).
+    pub fn row(&self, worker: usize) -> Option<&'static [PoolStats]> {
+        self.all()?.chunks(self.pools).nth(worker)
+    }
+}
+
+/// The setter of `thread_pool_status;` (location context).
+///
+/// # Safety
+/// Called by nginx only.
+pub unsafe extern "C" fn set_status(
+    cf: *mut sys::ngx_conf_t,
+    _cmd: *mut sys::ngx_command_t,
+    _conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx calls a location directive's setter inside a location.
+    unsafe { http::set_location_handler(cf, Some(status_handler)) };
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn status_handler(r: *mut sys::ngx_http_request_t) -> sys::ngx_int_t {
+    crate::ngx::guard::no_unwind(
+        "thread_pool_status",
+        sys::NGX_HTTP_INTERNAL_SERVER_ERROR as sys::ngx_int_t,
+        || {
+            // SAFETY: ngx_cycle is the running, configured cycle.
+            let conf = unsafe { crate::conf::main_conf(sys::ngx_cycle) };
+            let body = conf.map_or_else(String::new, |c| {
+                let names: Vec<&str> = c.pools.iter().map(|p| p.name.as_str()).collect();
+                match &c.status {
+                    Some(t) => t.all().map_or_else(String::new, |all| render(&names, all)),
+                    None => String::new(),
+                }
+            });
+            // SAFETY: nginx called this content handler for r.
+            unsafe { http::send_text(r, b"text/plain; version=0.0.4", body.as_bytes()) }
+        },
+    )
+}
+
+/// (name, help, type) of each counter, in PoolStats::write's order.
+const COUNTERS: [(&str, &str, &str); 9] = [
+    (
+        "ngx_threadpool_threads",
+        "Threads of the pool in the worker.",
+        "gauge",
+    ),
+    (
+        "ngx_threadpool_busy_threads",
+        "Threads running a task.",
+        "gauge",
+    ),
+    (
+        "ngx_threadpool_queued_tasks",
+        "Tasks waiting for a thread.",
+        "gauge",
+    ),
+    (
+        "ngx_threadpool_tasks_pushed_total",
+        "Tasks queued.",
+        "counter",
+    ),
+    (
+        "ngx_threadpool_tasks_completed_total",
+        "Tasks whose handler returned.",
+        "counter",
+    ),
+    (
+        "ngx_threadpool_task_errors_total",
+        "Tasks whose handler failed.",
+        "counter",
+    ),
+    (
+        "ngx_threadpool_tasks_rejected_total",
+        "Pushes refused: queue full.",
+        "counter",
+    ),
+    (
+        "ngx_threadpool_tasks_timed_out_total",
+        "Tasks whose caller timed out.",
+        "counter",
+    ),
+    (
+        "ngx_threadpool_tasks_abandoned_total",
+        "Tasks whose request went away.",
+        "counter",
+    ),
+];
+
+const HISTOGRAMS: [(&str, &str); 2] = [
+    (
+        "ngx_threadpool_queue_wait_seconds",
+        "Time from push to a thread taking the task.",
+    ),
+    ("ngx_threadpool_run_seconds", "Time the handler ran."),
+];
+
+/// The exposition of every worker's row that a worker used (threads > 0).
+fn render(names: &[&str], all: &[PoolStats]) -> String {
+    let mut rows = Vec::new();
+    for (i, stats) in all.iter().enumerate() {
+        let mut v = Vec::with_capacity(STATS_LEN);
+        stats.write(&mut v);
+        if v[0] > 0 {
+            rows.push((i / names.len(), names[i % names.len()], v));
+        }
+    }
+    let mut out = String::new();
+    for (k, (name, help, kind)) in COUNTERS.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (worker, pool, v) in &rows {
+            let _ = writeln!(
+                out,
+                "{name}{{pool=\"{pool}\",worker=\"{worker}\"}} {}",
+                v[k]
+            );
+        }
+    }
+    let per = BUCKET_BOUNDS_US.len() + 2;
+    for (h, (name, help)) in HISTOGRAMS.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (worker, pool, v) in &rows {
+            let at = COUNTERS.len() + h * per;
+            let labels = format!("pool=\"{pool}\",worker=\"{worker}\"");
+            let mut cumulative = 0;
+            for (b, bound) in BUCKET_BOUNDS_US.iter().enumerate() {
+                cumulative += v[at + b];
+                let le = *bound as f64 / 1e6;
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+            }
+            cumulative += v[at + BUCKET_BOUNDS_US.len()];
+            let sum = v[at + per - 1] as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+            let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+        }
+    }
+    out
+}

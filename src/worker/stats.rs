@@ -1,0 +1,152 @@
+//! Counters and timings of one pool in one worker, kept with relaxed
+//! atomics: the event loop and the pool's threads update them without a
+//! lock, and `tp.NAME:stats()` reads them. Laid out as plain C data (u64s),
+//! so that they can live in memory shared with other processes later.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds of the histograms' buckets, in microseconds: 10 µs to 10 s
+/// by powers of ten; the last bucket holds everything above.
+pub const BUCKET_BOUNDS_US: [u64; 7] = [10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
+const BUCKETS: usize = BUCKET_BOUNDS_US.len() + 1;
+
+#[repr(C)]
+#[derive(Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative).
+    buckets: [AtomicU64; BUCKETS],
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let i = BUCKET_BOUNDS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(BUCKETS - 1);
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(us, Relaxed);
+    }
+
+    fn write(&self, out: &mut Vec<u64>) {
+        out.extend(self.buckets.iter().map(|b| b.load(Relaxed)));
+        out.push(self.sum_us.load(Relaxed));
+    }
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct PoolStats {
+    pub threads: AtomicU64,
+    /// Threads running a task now.
+    pub busy: AtomicU64,
+    /// Tasks waiting in the queue now.
+    pub queued: AtomicU64,
+    pub pushed: AtomicU64,
+    /// Tasks whose handler returned.
+    pub completed: AtomicU64,
+    /// Tasks whose handler failed (an error, out of memory).
+    pub errors: AtomicU64,
+    /// Pushes refused because the queue was full.
+    pub rejected: AtomicU64,
+    /// Tasks whose caller stopped waiting (push_task's timeout).
+    pub timed_out: AtomicU64,
+    /// Tasks whose request went away before they finished.
+    pub abandoned: AtomicU64,
+    /// From push to a thread taking the task.
+    pub wait: Histogram,
+    /// The handler's run.
+    pub run: Histogram,
+}
+
+/// Names of PoolStats' counters, in `write`'s order.
+pub const COUNTER_NAMES: [&str; 9] = [
+    "threads",
+    "busy",
+    "queued",
+    "pushed",
+    "completed",
+    "errors",
+    "rejected",
+    "timed_out",
+    "abandoned",
+];
+
+/// How many numbers `PoolStats::write` produces.
+pub const STATS_LEN: usize = 9 + 2 * (BUCKETS + 1);
+
+impl PoolStats {
+    /// Every number back to 0 (a worker that starts in a slot of the
+    /// shared table).
+    pub fn reset(&self) {
+        let mut all = vec![&self.threads, &self.busy, &self.queued, &self.pushed];
+        all.extend([
+            &self.completed,
+            &self.errors,
+            &self.rejected,
+            &self.timed_out,
+        ]);
+        all.push(&self.abandoned);
+        for h in [&self.wait, &self.run] {
+            all.extend(h.buckets.iter());
+            all.push(&h.sum_us);
+        }
+        for c in all {
+            c.store(0, Relaxed);
+        }
+    }
+
+    pub fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub fn sub(counter: &AtomicU64) {
+        counter.fetch_sub(1, Relaxed);
+    }
+
+    /// The numbers in the order the shim reads them: threads, busy, queued,
+    /// pushed, completed, errors, rejected, timed_out, abandoned, then the
+    /// wait and run histograms (bucket counts, then the sum in µs).
+    pub fn write(&self, out: &mut Vec<u64>) {
+        for c in [
+            &self.threads,
+            &self.busy,
+            &self.queued,
+            &self.pushed,
+            &self.completed,
+            &self.errors,
+            &self.rejected,
+            &self.timed_out,
+            &self.abandoned,
+        ] {
+            out.push(c.load(Relaxed));
+        }
+        self.wait.write(out);
+        self.run.write(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_land_in_their_bucket() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(10));
+        h.observe(Duration::from_micros(11));
+        h.observe(Duration::from_secs(60));
+        let mut out = Vec::new();
+        h.write(&mut out);
+        assert_eq!(out, [1, 1, 0, 0, 0, 0, 0, 1, 60_000_021]);
+    }
+
+    #[test]
+    fn writes_every_number() {
+        let mut out = Vec::new();
+        PoolStats::default().write(&mut out);
+        assert_eq!(out.len(), STATS_LEN);
+    }
+}

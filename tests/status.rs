@@ -1,0 +1,145 @@
+//! `thread_pool_status`: every worker's counters of every pool in
+//! Prometheus's text format, from the module's shared memory, read by
+//! Prometheus's own parser (Debian's python3-prometheus-client).
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const HTTP: &str = r#"
+    thread_pool_process_by_lua_block st {
+        return function(op)
+            if op == "err" then error("failed on purpose") end
+            return op
+        end
+    }
+    thread_pool_process_by_lua quiet "return ...";
+    server {
+        listen 127.0.0.1:$PORT;
+        location /run {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local res = tp.st:push_task(ngx.var.arg_op)
+                ngx.print(ngx.worker.id(), " ", tostring(res))
+            }
+        }
+        location = /metrics { thread_pool_status; }
+    }
+"#;
+
+/// Prometheus's parser over `text`: "name{labels} value" lines, sorted.
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    let script = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+        print(f"{s.name}{{{labels}}} {s.value}")
+"#;
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 with prometheus_client (make deps)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the parser refused:\n{text}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn every_worker_and_pool_in_prometheus_text() {
+    let ngx = Nginx::start_with(
+        2,
+        "thread_pool st threads=2;\nthread_pool quiet threads=1;",
+        HTTP,
+        &[],
+    );
+    // Known work, tallied by the worker that did it.
+    let mut ok = [0u32; 2];
+    let mut errors = [0u32; 2];
+    for i in 0..40 {
+        let op = if i % 4 == 0 { "err" } else { "ok" };
+        let out = ngx.get(&format!("/run?op={op}")).text();
+        let (worker, res) = out.split_once(' ').unwrap();
+        let w: usize = worker.parse().unwrap();
+        if op == "err" {
+            assert_eq!(res, "nil");
+            errors[w] += 1;
+        } else {
+            assert_eq!(res, "ok");
+            ok[w] += 1;
+        }
+    }
+    let resp = ngx.get("/metrics");
+    assert_eq!(resp.status, 200);
+    let text = resp.text();
+    assert!(
+        text.contains("# TYPE ngx_threadpool_tasks_pushed_total counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE ngx_threadpool_run_seconds histogram"),
+        "{text}"
+    );
+    let m = parse(&text);
+    let get = |name: &str, pool: &str, w: usize| {
+        m.get(&format!("{name}{{pool={pool},worker={w}}}")).copied()
+    };
+    for w in 0..2 {
+        let pushed = f64::from(ok[w] + errors[w]);
+        assert_eq!(get("ngx_threadpool_threads", "st", w), Some(2.0));
+        assert_eq!(get("ngx_threadpool_threads", "quiet", w), Some(1.0));
+        assert_eq!(
+            get("ngx_threadpool_tasks_pushed_total", "st", w),
+            Some(pushed)
+        );
+        assert_eq!(
+            get("ngx_threadpool_tasks_completed_total", "st", w),
+            Some(f64::from(ok[w]))
+        );
+        assert_eq!(
+            get("ngx_threadpool_task_errors_total", "st", w),
+            Some(f64::from(errors[w]))
+        );
+        assert_eq!(
+            get("ngx_threadpool_tasks_rejected_total", "st", w),
+            Some(0.0)
+        );
+        assert_eq!(
+            get("ngx_threadpool_tasks_pushed_total", "quiet", w),
+            Some(0.0)
+        );
+        assert_eq!(get("ngx_threadpool_busy_threads", "st", w), Some(0.0));
+        assert_eq!(
+            get("ngx_threadpool_run_seconds_count", "st", w),
+            Some(pushed)
+        );
+        assert_eq!(
+            get("ngx_threadpool_queue_wait_seconds_count", "st", w),
+            Some(pushed)
+        );
+        let inf = m.get(&format!(
+            "ngx_threadpool_run_seconds_bucket{{le=+Inf,pool=st,worker={w}}}"
+        ));
+        assert_eq!(inf.copied(), Some(pushed));
+    }
+    ngx.assert_clean_log();
+}
