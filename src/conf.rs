@@ -41,7 +41,7 @@ pub struct PoolConf {
 pub struct MainConf {
     pub pools: Vec<PoolConf>,
     /// Every worker's counters, in shared memory (when there are pools).
-    pub status: Option<crate::status::StatusTable>,
+    pub status: Option<crate::worker::stats::StatusTable>,
 }
 
 /// The pools' main conf in `cycle`, if the configuration has an http block.

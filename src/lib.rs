@@ -158,7 +158,7 @@ unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int
                 return sys::NGX_OK as sys::ngx_int_t;
             }
             // SAFETY: as above.
-            conf.status = unsafe { status::StatusTable::add(cf, conf.pools.len()) };
+            conf.status = unsafe { worker::stats::StatusTable::add(cf, conf.pools.len()) };
             if conf.status.is_none() {
                 return sys::NGX_ERROR as sys::ngx_int_t;
             }

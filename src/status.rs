@@ -7,50 +7,10 @@
 //! ```
 
 use crate::ngx::http;
-use crate::ngx::shm::Zone;
 use crate::ngx::sys;
 use crate::worker::stats::{PoolStats, BUCKET_BOUNDS_US, STATS_LEN};
 use std::ffi::{c_char, c_void};
 use std::fmt::Write;
-
-/// One PoolStats per worker and pool, worker-major.
-pub struct StatusTable {
-    zone: Zone,
-    workers: usize,
-    pools: usize,
-}
-
-impl StatusTable {
-    /// Adds the zone for `pools` pools and the configured worker count
-    /// (or, if worker_processes comes later in the file, the CPU count).
-    ///
-    /// # Safety
-    /// `cf` must be the configuration being parsed (postconfiguration).
-    pub unsafe fn add(cf: *mut sys::ngx_conf_t, pools: usize) -> Option<StatusTable> {
-        // SAFETY: forwarded from the caller.
-        let workers = unsafe { http::configured_workers(cf) }.unwrap_or_else(http::cpus);
-        let size = workers * pools * std::mem::size_of::<PoolStats>();
-        // SAFETY: forwarded from the caller.
-        let zone = unsafe { Zone::add(cf, b"ngx_threadpool_status", size) }?;
-        Some(StatusTable {
-            zone,
-            workers,
-            pools,
-        })
-    }
-
-    fn all(&self) -> Option<&'static [PoolStats]> {
-        // SAFETY: the zone was added with room for workers × pools
-        // PoolStats, which are atomics, valid when zero.
-        unsafe { self.zone.as_slice(self.workers * self.pools) }
-    }
-
-    /// Worker `worker`'s row, one PoolStats per pool (None past the
-    /// workers the table was sized for).
-    pub fn row(&self, worker: usize) -> Option<&'static [PoolStats]> {
-        self.all()?.chunks(self.pools).nth(worker)
-    }
-}
 
 /// The setter of `thread_pool_status;` (location context).
 ///
