@@ -17,6 +17,14 @@ const HTTP: &str = r#"
         end
     }
     thread_pool_process_by_lua quiet "return ...";
+    thread_pool_process_by_lua_block one {
+        local ffi = require "ffi"
+        ffi.cdef "int usleep(unsigned int usec);"
+        return function(op, arg)
+            if op == "sleep" then ffi.C.usleep(arg * 1e6) end
+            return op
+        end
+    }
     server {
         listen 127.0.0.1:$PORT;
         location /run {
@@ -24,6 +32,18 @@ const HTTP: &str = r#"
                 local tp = require "resty.threadpool"
                 local res = tp.st:push_task(ngx.var.arg_op)
                 ngx.print(ngx.worker.id(), " ", tostring(res))
+            }
+        }
+        # a timeout, then a refusal while the timed-out task holds the
+        # pool's one thread and another fills its queue of one
+        location /timeout_and_reject {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local _, terr = tp.one:push_task_timeout(0.05, "sleep", 0.3)
+                local queued = ngx.thread.spawn(function() return tp.one:push_task("ok") end)
+                local _, rerr = tp.one:push_task("ok")
+                ngx.thread.wait(queued)
+                ngx.print(ngx.worker.id(), " ", terr, " ", rerr)
             }
         }
         location = /metrics { thread_pool_status; }
@@ -68,7 +88,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 fn every_worker_and_pool_in_prometheus_text() {
     let ngx = Nginx::start_with(
         2,
-        "thread_pool st threads=2;\nthread_pool quiet threads=1;",
+        "thread_pool st threads=2;\nthread_pool quiet threads=1;\nthread_pool one threads=1 max_queue=1;",
         HTTP,
         &[],
     );
@@ -88,6 +108,20 @@ fn every_worker_and_pool_in_prometheus_text() {
             ok[w] += 1;
         }
     }
+    let mut rounds = [0u32; 2];
+    for _ in 0..4 {
+        let out = ngx.get("/timeout_and_reject").text();
+        let mut parts = out.splitn(3, ' ');
+        let w: usize = parts.next().unwrap().parse().unwrap();
+        assert_eq!(
+            parts.collect::<Vec<_>>(),
+            ["timeout", "queue full"],
+            "{out}"
+        );
+        rounds[w] += 1;
+    }
+    // the timed-out tasks finish before the scrape
+    std::thread::sleep(std::time::Duration::from_millis(400));
     let resp = ngx.get("/metrics");
     assert_eq!(resp.status, 200);
     let text = resp.text();
@@ -136,6 +170,25 @@ fn every_worker_and_pool_in_prometheus_text() {
             get("ngx_threadpool_queue_wait_seconds_count", "st", w),
             Some(pushed)
         );
+        let r = f64::from(rounds[w]);
+        assert_eq!(
+            get("ngx_threadpool_tasks_timed_out_total", "one", w),
+            Some(r)
+        );
+        assert_eq!(
+            get("ngx_threadpool_tasks_rejected_total", "one", w),
+            Some(r)
+        );
+        // per round: the sleeper and the queued task
+        assert_eq!(
+            get("ngx_threadpool_tasks_pushed_total", "one", w),
+            Some(2.0 * r)
+        );
+        assert_eq!(
+            get("ngx_threadpool_tasks_completed_total", "one", w),
+            Some(2.0 * r)
+        );
+        assert_eq!(get("ngx_threadpool_queued_tasks", "one", w), Some(0.0));
         let inf = m.get(&format!(
             "ngx_threadpool_run_seconds_bucket{{le=+Inf,pool=st,worker={w}}}"
         ));
