@@ -151,6 +151,52 @@ pub unsafe extern "C" fn set_slow_task(
     })
 }
 
+/// nginx's default max_queue of a thread pool.
+const DEFAULT_MAX_QUEUE: usize = 65536;
+
+/// The setter of `lua_thread_pool NAME threads=N [max_queue=M];` (http):
+/// nginx's own declaration, from the http block, so that one conf.d
+/// snippet can hold a pool with its handler.
+///
+/// # Safety
+/// Called by nginx only, with `conf` our MainConf.
+pub unsafe extern "C" fn set_pool(
+    cf: *mut sys::ngx_conf_t,
+    _cmd: *mut sys::ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
+        // SAFETY: nginx passes the parsed configuration and our main conf.
+        let (cf, main) = unsafe { (Conf::from_raw(cf), &mut *(conf as *mut MainConf)) };
+        let args = cf.args();
+        let mut threads = None;
+        let mut max_queue = DEFAULT_MAX_QUEUE;
+        for arg in &args[2..] {
+            let arg = String::from_utf8_lossy(arg);
+            let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
+            if let Some(n) = number("threads=").filter(|&n| n > 0) {
+                threads = Some(n);
+            } else if let Some(n) = number("max_queue=").filter(|&n| n > 0) {
+                max_queue = n;
+            } else {
+                return cf.error(&ConfError::BadPoolParameter(arg.into_owned()).to_string());
+            }
+        }
+        let Some(threads) = threads else {
+            return cf.error(&ConfError::BadPoolParameter("threads=N missing".into()).to_string());
+        };
+        let declared = main.pool_mut(cf, args[1]).and_then(|p| {
+            p.pool
+                .declare(args[1], threads, max_queue)
+                .map_err(ConfError::Layout)
+        });
+        match declared {
+            Ok(()) => NGX_CONF_OK,
+            Err(e) => cf.error(&e.to_string()),
+        }
+    })
+}
+
 /// The setter of every `thread_pool_{init,process}_by_lua[_file]`.
 ///
 /// # Safety

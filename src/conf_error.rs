@@ -10,6 +10,8 @@ pub enum ConfError {
     PoolNameNotUtf8,
     /// Not a time nginx understands (`100ms`, `5s`, `1m`) or `off`.
     BadTime,
+    /// A `lua_thread_pool` parameter that is not threads=N or max_queue=M.
+    BadPoolParameter(String),
     NoMemory,
     Read {
         path: String,
@@ -40,6 +42,9 @@ impl fmt::Display for ConfError {
         match self {
             ConfError::PoolNameNotUtf8 => f.write_str("pool name is not UTF-8"),
             ConfError::BadTime => f.write_str("expects a time (100ms, 5s...) or off"),
+            ConfError::BadPoolParameter(p) => {
+                write!(f, "takes threads=N [max_queue=M]: invalid \"{p}\"")
+            }
             ConfError::NoMemory => f.write_str("no memory"),
             ConfError::Read { path, err } => write!(f, "cannot read \"{path}\": {err}"),
             ConfError::Block(msg) => f.write_str(msg),

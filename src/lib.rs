@@ -42,7 +42,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 9] = [
+static mut COMMANDS: [sys::ngx_command_t; 10] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -78,6 +78,12 @@ static mut COMMANDS: [sys::ngx_command_t; 9] = [
         BLOCK_MAIN,
         conf::set_chunk,
         PROCESS | BLOCK,
+    ),
+    command(
+        ngx_string(c"lua_thread_pool"),
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
+        conf::set_pool,
+        0,
     ),
     command(
         ngx_string(c"thread_pool_slow_task_log"),

@@ -269,12 +269,11 @@ fn stock_layout(dir: &Path) {
     .unwrap();
 }
 
-/// The README's example (nginx-conf/debian/) in the layout, with its paths
-/// and port rewritten; the package's Lua files come first in the path.
+/// The README's example (nginx-conf/debian/: one conf.d snippet) in the
+/// layout, with its paths and port rewritten; the package's Lua files come
+/// first in the path.
 fn example(dir: &Path, port: u16) {
     let src = repo().join("nginx-conf/debian");
-    let pools = std::fs::read_to_string(src.join("thread-pools.conf")).unwrap();
-    std::fs::write(dir.join("conf/modules-enabled/90-thread-pools.conf"), pools).unwrap();
     let site = std::fs::read_to_string(src.join("threadpool.conf")).unwrap();
     assert!(site.contains(";;\";") && site.contains("127.0.0.1:8080"));
     let site = site

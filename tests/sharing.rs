@@ -162,3 +162,50 @@ fn run_time_users_fail_at_once_and_reload_and_quit_complete() {
     assert_eq!(ngx.get("/tp").text(), "ok\n");
     assert!(ngx.quit(Duration::from_secs(10)), "nginx did not quit");
 }
+
+/// `lua_thread_pool` declares a pool from the http block, so that one
+/// conf.d snippet holds the pool, its handler and its location.
+#[test]
+fn a_pool_declared_in_the_http_block() {
+    let http = r#"
+    lua_thread_pool up threads=2 max_queue=8;
+    thread_pool_process_by_lua up "return (...):upper()";
+    server {
+        listen 127.0.0.1:$PORT;
+        location / {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.print(tp.up:push_task("snippet"))
+            }
+        }
+    }
+"#;
+    let ngx = Nginx::start("", http);
+    assert_eq!(ngx.get("/").text(), "SNIPPET");
+    assert!(ngx
+        .error_log()
+        .contains("ngx_threadpool: thread pool \"up\": 2 threads, queue bound 8"));
+    ngx.assert_clean_log();
+
+    for (main, http, expected) in [
+        (
+            "thread_pool up threads=1;",
+            "lua_thread_pool up threads=2;\nthread_pool_process_by_lua up \"return ...\";",
+            "thread pool \"up\" is already declared",
+        ),
+        (
+            "",
+            "lua_thread_pool up max_queue=2;\nthread_pool_process_by_lua up \"return ...\";",
+            "takes threads=N [max_queue=M]: invalid \"threads=N missing\"",
+        ),
+        (
+            "",
+            "lua_thread_pool up threads=two;\nthread_pool_process_by_lua up \"return ...\";",
+            "takes threads=N [max_queue=M]: invalid \"threads=two\"",
+        ),
+    ] {
+        let out = nginx_test(main, http, &[]);
+        let err = output_text(&out);
+        assert!(!out.status.success() && err.contains(expected), "{err}");
+    }
+}

@@ -81,6 +81,25 @@ impl ThreadPool {
         }
     }
 
+    /// Declares the pool as nginx's `thread_pool NAME threads=N
+    /// max_queue=M` would, from the http block; an error if it already is.
+    pub fn declare(&self, name: &[u8], threads: usize, max_queue: usize) -> Result<(), String> {
+        let m = self.mirror(name)?;
+        // SAFETY: checked by mirror(); the configuration is being parsed in
+        // the master, where nothing else reads the struct.
+        unsafe {
+            if (*m).threads != 0 {
+                return Err(format!(
+                    "thread pool \"{}\" is already declared",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+            (*m).threads = threads as sys::ngx_uint_t;
+            (*m).max_queue = max_queue as sys::ngx_int_t;
+        }
+        Ok(())
+    }
+
     /// Whether `other` (an `aio threads` setting) is this pool.
     pub fn is(&self, other: *mut sys::ngx_thread_pool_t) -> bool {
         self.0 == other
