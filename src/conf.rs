@@ -116,6 +116,27 @@ impl MainConf {
     }
 }
 
+/// Runs a directive's `set` on our main conf: nginx prints its error as
+/// `"<directive>" directive <error> in <file>:<line>`.
+///
+/// # Safety
+/// `cf` and `conf` as nginx passes them to a setter of ours.
+unsafe fn setter(
+    cf: *mut sys::ngx_conf_t,
+    conf: *mut c_void,
+    set: impl FnOnce(Conf, &mut MainConf) -> Result<(), ConfError>,
+) -> *mut c_char {
+    crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
+        // SAFETY: nginx passes the parsed configuration and our main conf
+        // (created by create_main_conf).
+        let (cf, main) = unsafe { (Conf::from_raw(cf), &mut *(conf as *mut MainConf)) };
+        match set(cf, main) {
+            Ok(()) => NGX_CONF_OK,
+            Err(e) => cf.error(&e.to_string()),
+        }
+    })
+}
+
 /// `thread_pool_slow_task_log`'s default: a LuaJIT task this long is
 /// almost certainly stuck (a loop that cannot be interrupted).
 const DEFAULT_SLOW_TASK: Duration = Duration::from_secs(10);
@@ -129,26 +150,22 @@ pub unsafe extern "C" fn set_slow_task(
     _cmd: *mut sys::ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
-        // SAFETY: nginx passes the parsed configuration and our main conf.
-        let (cf, main) = unsafe { (Conf::from_raw(cf), &mut *(conf as *mut MainConf)) };
-        let args = cf.args();
-        let threshold = if args[2] == b"off" {
-            None
-        } else {
-            match cf.parse_time_ms(args[2]) {
-                Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
-                _ => return cf.error(&ConfError::BadTime.to_string()),
-            }
-        };
-        match main.pool_mut(cf, args[1]) {
-            Ok(pool) => {
-                pool.slow_task = threshold;
-                NGX_CONF_OK
-            }
-            Err(e) => cf.error(&e.to_string()),
-        }
-    })
+    // SAFETY: forwarded from nginx.
+    unsafe {
+        setter(cf, conf, |cf, main| {
+            let args = cf.args();
+            let threshold = if args[2] == b"off" {
+                None
+            } else {
+                match cf.parse_time_ms(args[2]) {
+                    Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+                    _ => return Err(ConfError::BadTime),
+                }
+            };
+            main.pool_mut(cf, args[1])?.slow_task = threshold;
+            Ok(())
+        })
+    }
 }
 
 /// nginx's default max_queue of a thread pool.
@@ -165,36 +182,31 @@ pub unsafe extern "C" fn set_pool(
     _cmd: *mut sys::ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
-        // SAFETY: nginx passes the parsed configuration and our main conf.
-        let (cf, main) = unsafe { (Conf::from_raw(cf), &mut *(conf as *mut MainConf)) };
-        let args = cf.args();
-        let mut threads = None;
-        let mut max_queue = DEFAULT_MAX_QUEUE;
-        for arg in &args[2..] {
-            let arg = String::from_utf8_lossy(arg);
-            let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
-            if let Some(n) = number("threads=").filter(|&n| n > 0) {
-                threads = Some(n);
-            } else if let Some(n) = number("max_queue=").filter(|&n| n > 0) {
-                max_queue = n;
-            } else {
-                return cf.error(&ConfError::BadPoolParameter(arg.into_owned()).to_string());
+    // SAFETY: forwarded from nginx.
+    unsafe {
+        setter(cf, conf, |cf, main| {
+            let args = cf.args();
+            let mut threads = None;
+            let mut max_queue = DEFAULT_MAX_QUEUE;
+            for arg in &args[2..] {
+                let arg = String::from_utf8_lossy(arg);
+                let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
+                if let Some(n) = number("threads=").filter(|&n| n > 0) {
+                    threads = Some(n);
+                } else if let Some(n) = number("max_queue=").filter(|&n| n > 0) {
+                    max_queue = n;
+                } else {
+                    return Err(ConfError::BadPoolParameter(arg.into_owned()));
+                }
             }
-        }
-        let Some(threads) = threads else {
-            return cf.error(&ConfError::BadPoolParameter("threads=N missing".into()).to_string());
-        };
-        let declared = main.pool_mut(cf, args[1]).and_then(|p| {
-            p.pool
+            let threads =
+                threads.ok_or_else(|| ConfError::BadPoolParameter("threads=N missing".into()))?;
+            let pool = main.pool_mut(cf, args[1])?;
+            pool.pool
                 .declare(args[1], threads, max_queue)
                 .map_err(ConfError::Layout)
-        });
-        match declared {
-            Ok(()) => NGX_CONF_OK,
-            Err(e) => cf.error(&e.to_string()),
-        }
-    })
+        })
+    }
 }
 
 /// The setter of every `thread_pool_{init,process}_by_lua[_file]`.
@@ -206,21 +218,10 @@ pub unsafe extern "C" fn set_chunk(
     cmd: *mut sys::ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    crate::ngx::guard::no_unwind("directive", NGX_CONF_ERROR, || {
-        // SAFETY: nginx passes the parsed configuration, this command and
-        // our main conf (created by create_main_conf).
-        let (cf, kind, main) = unsafe {
-            (
-                Conf::from_raw(cf),
-                (*cmd).post as usize,
-                &mut *(conf as *mut MainConf),
-            )
-        };
-        match set_chunk_in(cf, kind, main) {
-            Ok(()) => NGX_CONF_OK,
-            Err(e) => cf.error(&e.to_string()),
-        }
-    })
+    // SAFETY: nginx passes this command, whose post says what it sets.
+    let kind = unsafe { (*cmd).post as usize };
+    // SAFETY: forwarded from nginx.
+    unsafe { setter(cf, conf, |cf, main| set_chunk_in(cf, kind, main)) }
 }
 
 fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfError> {
