@@ -12,7 +12,7 @@ use crate::worker::{with_worker, WorkerError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 4;
+pub const API_VERSION: c_int = 5;
 
 pub const OK: c_int = 0;
 pub const ERROR: c_int = -1;
@@ -204,5 +204,31 @@ pub unsafe extern "C" fn ngx_threadpool_stats(pool: c_int, out: *mut u64, n: usi
         // SAFETY: the caller vouches for out and n.
         unsafe { std::ptr::copy_nonoverlapping(stats.as_ptr(), out, n) };
         n as c_int
+    })
+}
+
+/// Queues a task whose result nobody takes (post_task): OK, DECLINED when
+/// the queue is full, ERROR with a message. Needs no request and never
+/// waits, so any phase may call it.
+///
+/// # Safety
+/// `data` must be `len` readable bytes, `err` `*errlen` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_threadpool_post(
+    pool: c_int,
+    data: *const u8,
+    len: usize,
+    err: *mut u8,
+    errlen: *mut usize,
+) -> c_int {
+    no_unwind("post", ERROR, || {
+        // SAFETY: the caller vouches for each.
+        let (args, err) = unsafe { (shim::bytes(data, len), ErrOut::new(err, errlen)) };
+        match with_worker(|w| w.post(pool as usize, args)) {
+            Some(Ok(())) => OK,
+            Some(Err(WorkerError::QueueFull)) => DECLINED,
+            Some(Err(e)) => fail(&err, &e.to_string()),
+            None => fail(&err, "not in a worker process with running pools"),
+        }
     })
 }

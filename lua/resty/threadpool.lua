@@ -41,9 +41,11 @@ int ngx_threadpool_result(uint64_t task, const unsigned char **data,
 void ngx_threadpool_release(uint64_t task);
 void ngx_threadpool_result_done(void);
 int ngx_threadpool_stats(int pool, uint64_t *out, size_t n);
+int ngx_threadpool_post(int pool, const unsigned char *data, size_t len,
+    unsigned char *err, size_t *errlen);
 ]]
 
-local API_VERSION = 4
+local API_VERSION = 5
 -- Payloads larger than this are freed as soon as they are used (smaller
 -- buffers are reused: fresh pages cost more than the copies). From this
 -- size the C library maps a block on its own anyway (ngx/os.rs).
@@ -208,6 +210,32 @@ end
 function Pool.set_timeout(self, seconds)
     check_self(self, "set_timeout")
     self.timeout_ms = timeout_ms(seconds)
+end
+
+-- Queues a task whose result nobody takes: true, or nil and "queue full"
+-- (or another error) at once. Never yields, needs no request: usable in
+-- every phase, log and filters included. The handler's errors are logged
+-- by the module and counted.
+function Pool.post_task(self, ...)
+    check_self(self, "post_task")
+    args_buf:reset()
+    local ok, err = encode(args_buf, "argument", select("#", ...), ...)
+    if not ok then
+        return nil, err
+    end
+    local p, len = args_buf:ref()
+    err_len[0] = ERR_BUF_SIZE
+    local rc = C.ngx_threadpool_post(self.id, p, len, err_buf, err_len)
+    if len > LARGE_PAYLOAD then
+        args_buf:free()
+    end
+    if rc == FFI_OK then
+        return true
+    end
+    if rc == FFI_DECLINED then
+        return nil, "queue full"
+    end
+    return nil, ffi_str(err_buf, err_len[0])
 end
 
 -- This worker's counters of the pool: a table (see the README), or nil

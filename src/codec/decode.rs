@@ -215,3 +215,18 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
         Ok(Pushed::Other)
     }
 }
+
+/// The text of a payload holding one error value (a string), for a log
+/// line; what it is when it is not a string.
+pub fn error_text(payload: &[u8]) -> String {
+    let mut rd = payload;
+    let text = (|| {
+        rmp::decode::read_int::<u64, _>(&mut rd).ok()?;
+        rmp::decode::read_map_len(&mut rd).ok()?;
+        rmp::decode::read_int::<u64, _>(&mut rd).ok()?;
+        let len = rmp::decode::read_bin_len(&mut rd).ok()? as usize;
+        rd.get(..len)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+    })();
+    text.unwrap_or_else(|| "error object that is not a string".into())
+}

@@ -57,7 +57,7 @@ mod encode;
 mod message;
 mod wire;
 
-pub use decode::decode_values;
+pub use decode::{decode_values, error_text};
 pub use encode::encode_values;
 pub use message::type_name;
 pub use wire::{encode_string, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NOT_ENOUGH_MEMORY};

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tasks::{Release, RequestTasks, TaskId, Tasks};
+use tasks::{Release, RequestTasks, TaskId, Tasks, POSTED};
 use threads::{thread_main, Completion, Job, THREAD_STACK_SIZE};
 
 struct Pool {
@@ -185,6 +185,24 @@ impl Worker {
         owner: *mut RequestTasks,
         args: &[u8],
     ) -> Result<TaskId, WorkerError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.enqueue(pool, Some(owner), args) }
+    }
+
+    /// Queues a task whose result nobody takes (post_task).
+    pub fn post(&mut self, pool: usize, args: &[u8]) -> Result<(), WorkerError> {
+        // SAFETY: a posted task has no record, hence no owner.
+        unsafe { self.enqueue(pool, None, args) }.map(|_| ())
+    }
+
+    /// # Safety
+    /// As push for `Some(owner)`.
+    unsafe fn enqueue(
+        &mut self,
+        pool: usize,
+        owner: Option<*mut RequestTasks>,
+        args: &[u8],
+    ) -> Result<TaskId, WorkerError> {
         let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
@@ -198,8 +216,11 @@ impl Worker {
             return Err(WorkerError::NoMemory);
         }
         payload.extend_from_slice(args);
-        // SAFETY: forwarded from the caller.
-        let task = unsafe { self.tasks.start(owner, index) }?;
+        let task = match owner {
+            // SAFETY: forwarded from the caller.
+            Some(owner) => unsafe { self.tasks.start(owner, index) }?,
+            None => POSTED,
+        };
         PoolStats::add(&pool.stats.queued);
         let job = Job {
             task,
@@ -207,12 +228,14 @@ impl Worker {
             queued_at: Instant::now(),
         };
         if let Err(e) = jobs.send(job) {
-            // Every thread is gone: abandon, then complete, which frees the
-            // record at once.
             PoolStats::sub(&pool.stats.queued);
-            self.tasks.release(task, Release::NotWaiting);
-            if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
-                self.tasks.recycle(buf);
+            if task != POSTED {
+                // Every thread is gone: abandon, then complete, which frees
+                // the record at once.
+                self.tasks.release(task, Release::NotWaiting);
+                if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
+                    self.tasks.recycle(buf);
+                }
             }
             return Err(WorkerError::Stopped);
         }

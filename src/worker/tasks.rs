@@ -15,6 +15,10 @@ use crate::ngx::lua::Sema;
 /// forged handle names no live record and is refused.
 pub type TaskId = u64;
 
+/// The handle of a posted task (post_task): no record, no caller. Real
+/// handles have a generation of at least 1.
+pub const POSTED: TaskId = 0;
+
 const NONE: u32 = u32::MAX;
 /// Payload buffers up to this size are kept for reuse.
 pub const KEEP: usize = 64 * 1024;

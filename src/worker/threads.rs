@@ -2,8 +2,9 @@
 //! how it goes idle.
 
 use super::stats::PoolStats;
-use super::tasks::{TaskId, LARGE};
+use super::tasks::{TaskId, LARGE, POSTED};
 use super::watchdog::Running;
+use crate::codec;
 use crate::ngx::{guard, log, notify, os};
 use crate::vm::{self, Outcome, Spec, ThreadVm};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -72,6 +73,9 @@ pub(super) fn thread_main(
     let mut vm = build();
     // Payload bytes handled since the thread last gave memory back.
     let mut handled = 0;
+    // Failures of posted tasks since the last line about them, and when.
+    let mut posted_failures = 0u64;
+    let mut last_logged: Option<Instant> = None;
     let give_back = |vm: &Result<ThreadVm, String>| {
         if let Ok(vm) = vm {
             vm.collect_garbage();
@@ -136,6 +140,26 @@ pub(super) fn thread_main(
             vm = build();
         }
         handled += job.payload.len();
+        if job.task == POSTED {
+            // Nobody takes the result; a failure is logged (at most once a
+            // second per thread, with how many were left unlogged).
+            if outcome != Outcome::Done {
+                posted_failures += 1;
+                if last_logged.is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY) {
+                    report(
+                        log::NGX_LOG_WARN,
+                        format_args!(
+                            "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
+                            codec::error_text(&job.payload),
+                            posted_failures
+                        ),
+                    );
+                    posted_failures = 0;
+                    last_logged = Some(Instant::now());
+                }
+            }
+            continue;
+        }
         if done
             .send(Completion {
                 task: job.task,
@@ -149,6 +173,9 @@ pub(super) fn thread_main(
         notify::wake();
     }
 }
+
+/// How often a thread logs the failures of posted tasks.
+const POSTED_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// How much lower than the event loop pool threads run (nice). On a loaded
 /// machine the event loop then gets the CPU first when it has work: a

@@ -1,0 +1,84 @@
+//! `pool:post_task(...)`: fire-and-forget from any phase (log, header and
+//! body filters, timers, content), never yielding; the handler's errors
+//! are logged (at most once a second per thread) and counted.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+
+const HTTP: &str = r#"
+    lua_shared_dict posted 1m;
+    thread_pool_process_by_lua_block fire {
+        return function(key, fail)
+            if fail then error("posted boom") end
+            ngx.shared.posted:incr(key, 1, 0)
+        end
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        location /phases {
+            header_filter_by_lua_block {
+                require("resty.threadpool").fire:post_task("header_filter")
+            }
+            body_filter_by_lua_block {
+                if ngx.arg[2] then
+                    require("resty.threadpool").fire:post_task("body_filter")
+                end
+            }
+            log_by_lua_block {
+                require("resty.threadpool").fire:post_task("log")
+            }
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                assert(tp.fire:post_task("content"))
+                assert(ngx.timer.at(0, function()
+                    assert(tp.fire:post_task("timer"))
+                end))
+                ngx.print("ok")
+            }
+        }
+        location /fail {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                for _ = 1, 5 do assert(tp.fire:post_task("x", true)) end
+                ngx.print("posted")
+            }
+        }
+        location /count {
+            content_by_lua_block {
+                local d = ngx.shared.posted
+                local s = require("resty.threadpool").fire:stats()
+                ngx.print(d:get("content"), d:get("timer"), d:get("header_filter"),
+                          d:get("body_filter"), d:get("log"), " ", s.errors)
+            }
+        }
+    }
+"#;
+
+#[test]
+fn posted_from_every_phase_and_failures_logged_once_a_second() {
+    let ngx = Nginx::start("thread_pool fire threads=1;", HTTP);
+    for _ in 0..3 {
+        assert_eq!(ngx.get("/phases").text(), "ok");
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || ngx.get("/count").text()
+            == "33333 0"),
+        "{}",
+        ngx.get("/count").text()
+    );
+    assert_eq!(ngx.get("/fail").text(), "posted");
+    assert!(eventually(Duration::from_secs(5), || ngx
+        .get("/count")
+        .text()
+        .ends_with(" 5")));
+    let log = ngx.error_log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("[warn]") && l.contains("posted task failed"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("posted boom"), "{}", lines[0]);
+    ngx.assert_clean_log();
+}
