@@ -113,26 +113,39 @@ local function bad_context()
           .. "or an ngx.thread of those)", 3)
 end
 
+-- The arguments encoded in args_buf: its pointer and length, or nil and
+-- the value error.
+local function encode_args(...)
+    args_buf:reset()
+    local ok, err = encode(args_buf, "argument", select("#", ...), ...)
+    if not ok then
+        return nil, err
+    end
+    return args_buf:ref()
+end
+
+-- After the module copied the arguments: do not keep megabytes for good.
+local function done_with_args(len)
+    if len > LARGE_PAYLOAD then
+        args_buf:free()
+    end
+end
+
 local function push(pool, ms, ...)
     local r = get_request()
     if not r then
         bad_context()
     end
 
-    args_buf:reset()
-    local ok, err = encode(args_buf, "argument", select("#", ...), ...)
-    if not ok then
-        return nil, err
+    local p, len = encode_args(...)
+    if not p then
+        return nil, len
     end
-    local p, len = args_buf:ref()
 
     err_len[0] = ERR_BUF_SIZE
     local rc = C.ngx_threadpool_push(r, pool.id, p, len, ms, task_out,
                                      err_buf, err_len)
-    if len > LARGE_PAYLOAD then
-        -- the module has its own copy: do not keep megabytes for good
-        args_buf:free()
-    end
+    done_with_args(len)
     if rc == FFI_AGAIN or rc == FFI_OK then
         local task = tonumber(task_out[0])
         if rc == FFI_AGAIN then
@@ -218,17 +231,13 @@ end
 -- by the module and counted.
 function Pool.post_task(self, ...)
     check_self(self, "post_task")
-    args_buf:reset()
-    local ok, err = encode(args_buf, "argument", select("#", ...), ...)
-    if not ok then
-        return nil, err
+    local p, len = encode_args(...)
+    if not p then
+        return nil, len
     end
-    local p, len = args_buf:ref()
     err_len[0] = ERR_BUF_SIZE
     local rc = C.ngx_threadpool_post(self.id, p, len, err_buf, err_len)
-    if len > LARGE_PAYLOAD then
-        args_buf:free()
-    end
+    done_with_args(len)
     if rc == FFI_OK then
         return true
     end
