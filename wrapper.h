@@ -9,3 +9,5 @@
 /* Macros bindgen cannot evaluate, turned into constants. */
 const char *NGX_RS_MODULE_SIGNATURE = NGX_MODULE_SIGNATURE;
 const ngx_uint_t NGX_RS_HTTP_MAIN_CONF_OFFSET = NGX_HTTP_MAIN_CONF_OFFSET;
+const ngx_uint_t NGX_RS_READ_EVENT = NGX_READ_EVENT;
+const ngx_uint_t NGX_RS_EXCLUSIVE_EVENT = NGX_EXCLUSIVE_EVENT;

@@ -42,6 +42,15 @@ pub struct MainConf {
     pub pools: Vec<PoolConf>,
     /// Every worker's counters, in shared memory (when there are pools).
     pub status: Option<crate::worker::stats::StatusTable>,
+    /// `thread_pool_accept_gate`: None when off.
+    pub gate: Option<GateConf>,
+}
+
+/// The accept gate's marks as configured (None: derived from the threads).
+#[derive(Default, Clone, Copy)]
+pub struct GateConf {
+    pub high: Option<usize>,
+    pub low: Option<usize>,
 }
 
 /// The pools' main conf in `cycle`, if the configuration has an http block.
@@ -168,6 +177,53 @@ pub unsafe extern "C" fn set_slow_task(
     }
 }
 
+/// The setter of `thread_pool_accept_gate on | off [high=N] [low=M];`.
+///
+/// # Safety
+/// Called by nginx only, with `conf` our MainConf.
+pub unsafe extern "C" fn set_accept_gate(
+    cf: *mut sys::ngx_conf_t,
+    _cmd: *mut sys::ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: forwarded from nginx.
+    unsafe {
+        setter(cf, conf, |cf, main| {
+            let args = cf.args();
+            let mut gate = GateConf::default();
+            let on = match args[1] {
+                b"on" => true,
+                b"off" => false,
+                other => return Err(ConfError::BadGateParameter(lossy(other))),
+            };
+            for arg in &args[2..] {
+                let arg = lossy(arg);
+                let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
+                if let Some(n) = number("high=").filter(|&n| n > 0) {
+                    gate.high = Some(n);
+                } else if let Some(n) = number("low=") {
+                    gate.low = Some(n);
+                } else {
+                    return Err(ConfError::BadGateParameter(arg));
+                }
+            }
+            if let (Some(high), Some(low)) = (gate.high, gate.low) {
+                if low >= high {
+                    return Err(ConfError::BadGateParameter(format!(
+                        "low={low} is not below high={high}"
+                    )));
+                }
+            }
+            main.gate = on.then_some(gate);
+            Ok(())
+        })
+    }
+}
+
+fn lossy(arg: &[u8]) -> String {
+    String::from_utf8_lossy(arg).into_owned()
+}
+
 /// nginx's default max_queue of a thread pool.
 const DEFAULT_MAX_QUEUE: usize = 65536;
 
@@ -189,14 +245,14 @@ pub unsafe extern "C" fn set_pool(
             let mut threads = None;
             let mut max_queue = DEFAULT_MAX_QUEUE;
             for arg in &args[2..] {
-                let arg = String::from_utf8_lossy(arg);
+                let arg = lossy(arg);
                 let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
                 if let Some(n) = number("threads=").filter(|&n| n > 0) {
                     threads = Some(n);
                 } else if let Some(n) = number("max_queue=").filter(|&n| n > 0) {
                     max_queue = n;
                 } else {
-                    return Err(ConfError::BadPoolParameter(arg.into_owned()));
+                    return Err(ConfError::BadPoolParameter(arg));
                 }
             }
             let threads =

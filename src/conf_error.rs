@@ -12,6 +12,9 @@ pub enum ConfError {
     BadTime,
     /// A `lua_thread_pool` parameter that is not threads=N or max_queue=M.
     BadPoolParameter(String),
+    /// A `thread_pool_accept_gate` parameter that is not on, off, high=N
+    /// or low=M, or marks out of order.
+    BadGateParameter(String),
     NoMemory,
     Read {
         path: String,
@@ -44,6 +47,9 @@ impl fmt::Display for ConfError {
             ConfError::BadTime => f.write_str("expects a time (100ms, 5s...) or off"),
             ConfError::BadPoolParameter(p) => {
                 write!(f, "takes threads=N [max_queue=M]: invalid \"{p}\"")
+            }
+            ConfError::BadGateParameter(p) => {
+                write!(f, "takes on | off [high=N] [low=M]: invalid \"{p}\"")
             }
             ConfError::NoMemory => f.write_str("no memory"),
             ConfError::Read { path, err } => write!(f, "cannot read \"{path}\": {err}"),

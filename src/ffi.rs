@@ -8,7 +8,7 @@ use crate::ngx::log;
 use crate::ngx::shim::{self, ErrOut, Out, Request};
 use crate::ngx::sys;
 use crate::worker::tasks::{Release, RequestTasks, TaskId, KEEP};
-use crate::worker::{with_worker, WorkerError};
+use crate::worker::{gate, with_worker, WorkerError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
@@ -102,6 +102,7 @@ pub unsafe extern "C" fn ngx_threadpool_push(
                 Err(e) => return fail(&err, &e.to_string()),
             };
             task.set(id);
+            gate::pushed(r.connection_number());
             // The semaphore belongs to the task record, which outlives the
             // wait.
             let rc = match w.tasks.sema(id) {

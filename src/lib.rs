@@ -42,7 +42,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 10] = [
+static mut COMMANDS: [sys::ngx_command_t; 11] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -89,6 +89,12 @@ static mut COMMANDS: [sys::ngx_command_t; 10] = [
         ngx_string(c"thread_pool_slow_task_log"),
         TAKE2_MAIN,
         conf::set_slow_task,
+        0,
+    ),
+    command(
+        ngx_string(c"thread_pool_accept_gate"),
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_1MORE,
+        conf::set_accept_gate,
         0,
     ),
     command(
@@ -168,6 +174,10 @@ unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int
             if conf.status.is_none() {
                 return sys::NGX_ERROR as sys::ngx_int_t;
             }
+            // SAFETY: as above.
+            if conf.gate.is_some() && !unsafe { ngx::accept::add_log_handler(cf) } {
+                return sys::NGX_ERROR as sys::ngx_int_t;
+            }
             sys::NGX_OK as sys::ngx_int_t
         },
     )
@@ -242,12 +252,20 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             .collect();
         let started = specs.and_then(|specs| {
             ngx::notify::install(worker::drain)?;
-            let shared = conf
-                .status
-                .as_ref()
-                .and_then(|t| t.row(ngx::http::worker_number()));
+            let me = ngx::http::worker_number();
+            let shared = conf.status.as_ref().and_then(|t| t.row(me));
             worker::Worker::start(specs, shared).map_err(|e| e.to_string())
         });
+        if let (Ok(()), Some(gate), Some((shared, slots))) = (
+            &started,
+            conf.gate,
+            conf.status.as_ref().and_then(|t| t.gate()),
+        ) {
+            let threads = conf.pools.iter().map(|p| p.threads).sum();
+            let marks = worker::gate::Marks::resolve(gate.high, gate.low, threads);
+            let me = ngx::http::worker_number();
+            worker::gate::start(marks, shared, slots, me, ngx::http::running_workers());
+        }
         match started {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {

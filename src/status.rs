@@ -8,9 +8,11 @@
 
 use crate::ngx::http;
 use crate::ngx::sys;
+use crate::worker::gate::{GateShared, GateSlot};
 use crate::worker::stats::{PoolStats, BUCKET_BOUNDS_US, STATS_LEN};
 use std::ffi::{c_char, c_void};
 use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// The setter of `thread_pool_status;` (location context).
 ///
@@ -35,10 +37,16 @@ unsafe extern "C" fn status_handler(r: *mut sys::ngx_http_request_t) -> sys::ngx
             let conf = unsafe { crate::conf::main_conf(sys::ngx_cycle) };
             let body = conf.map_or_else(String::new, |c| {
                 let names: Vec<&str> = c.pools.iter().map(|p| p.name.as_str()).collect();
-                match &c.status {
-                    Some(t) => t.all().map_or_else(String::new, |all| render(&names, all)),
-                    None => String::new(),
+                let Some(table) = &c.status else {
+                    return String::new();
+                };
+                let mut out = table
+                    .all()
+                    .map_or_else(String::new, |all| render(&names, all));
+                if let (Some(_), Some((shared, slots))) = (c.gate, table.gate()) {
+                    render_gate(&mut out, shared, slots);
                 }
+                out
             });
             // SAFETY: nginx called this content handler for r.
             unsafe { http::send_text(r, b"text/plain; version=0.0.4", body.as_bytes()) }
@@ -144,4 +152,63 @@ fn render(names: &[&str], all: &[PoolStats]) -> String {
         }
     }
     out
+}
+
+/// (name, help, type, value) of each accept gate metric of a worker.
+type GateMetric = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&GateSlot) -> f64,
+);
+
+const GATE_METRICS: [GateMetric; 5] = [
+    (
+        "ngx_threadpool_accept_gate_paused",
+        "1 while the worker does not accept on shared listening sockets.",
+        "gauge",
+        |s| s.paused.load(Relaxed) as f64,
+    ),
+    (
+        "ngx_threadpool_accept_gate_pauses_total",
+        "Times the worker stopped accepting.",
+        "counter",
+        |s| s.pauses.load(Relaxed) as f64,
+    ),
+    (
+        "ngx_threadpool_accept_gate_paused_seconds_total",
+        "Time the worker did not accept.",
+        "counter",
+        |s| s.paused_ms_now() as f64 / 1e3,
+    ),
+    (
+        "ngx_threadpool_accept_gate_load",
+        "Tasks outstanding plus connections accepted that have not pushed one.",
+        "gauge",
+        |s| s.load.load(Relaxed) as f64,
+    ),
+    (
+        "ngx_threadpool_accepted_connections_total",
+        "Connections accepted on http listening sockets.",
+        "counter",
+        |s| s.accepted.load(Relaxed) as f64,
+    ),
+];
+
+/// The accept gate's metrics of every worker running it.
+fn render_gate(out: &mut String, shared: &GateShared, slots: &[GateSlot]) {
+    let name = "ngx_threadpool_accept_gate_paused_workers";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Workers not accepting on shared listening sockets.\n# TYPE {name} gauge\n{name} {}",
+        shared.paused_workers.load(Relaxed)
+    );
+    for (name, help, kind, value) in GATE_METRICS {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (worker, slot) in slots.iter().enumerate() {
+            if slot.active.load(Relaxed) != 0 {
+                let _ = writeln!(out, "{name}{{worker=\"{worker}\"}} {}", value(slot));
+            }
+        }
+    }
 }

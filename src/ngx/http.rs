@@ -72,13 +72,31 @@ pub fn worker_number() -> usize {
 /// # Safety
 /// `cf` must be the configuration being parsed.
 pub unsafe fn configured_workers(cf: *mut sys::ngx_conf_t) -> Option<usize> {
-    // SAFETY: the core module's conf exists from the start of parsing.
+    // SAFETY: forwarded from the caller.
+    let n = unsafe { (*core_conf((*cf).cycle)).worker_processes };
+    (n > 0).then_some(n as usize)
+}
+
+/// How many workers serve this configuration: worker_processes, or 1
+/// without a master process.
+pub fn running_workers() -> usize {
+    // SAFETY: the running cycle is configured; ngx_process is set before
+    // init_process and read-only afterwards.
     unsafe {
-        let ccf =
-            *(*(*cf).cycle).conf_ctx.add(sys::ngx_core_module.index) as *const sys::ngx_core_conf_t;
-        let n = (*ccf).worker_processes;
-        (n > 0).then_some(n as usize)
+        if sys::ngx_process == sys::NGX_PROCESS_SINGLE as sys::ngx_uint_t {
+            return 1;
+        }
+        (*core_conf(sys::ngx_cycle)).worker_processes.max(1) as usize
     }
+}
+
+/// The core module's conf of `cycle`.
+///
+/// # Safety
+/// `cycle` must be live; its core conf exists from the start of parsing.
+unsafe fn core_conf(cycle: *mut sys::ngx_cycle_t) -> *const sys::ngx_core_conf_t {
+    // SAFETY: forwarded from the caller.
+    unsafe { *(*cycle).conf_ctx.add(sys::ngx_core_module.index) as *const sys::ngx_core_conf_t }
 }
 
 /// The machine's CPUs as nginx counted them.

@@ -3,6 +3,7 @@
 //! Every `unsafe` that touches nginx lives here or in the few entry points
 //! that nginx and the Lua shim call (`lib.rs`, `conf.rs`, `ffi.rs`).
 
+pub mod accept;
 pub mod bindings;
 pub mod conf;
 pub mod guard;

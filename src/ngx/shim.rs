@@ -17,6 +17,12 @@ impl Request {
         NonNull::new(r).map(Request)
     }
 
+    /// The number of the request's connection.
+    pub fn connection_number(&self) -> u64 {
+        // SAFETY: the request of the running handler (from_raw).
+        unsafe { super::accept::connection_number(self.0.as_ptr()) }
+    }
+
     /// Whether the running Lua handler may wait on a semaphore here.
     pub fn may_yield(&self) -> bool {
         // SAFETY: the request of the running handler (from_raw).

@@ -68,18 +68,20 @@ impl Zone {
 }
 
 impl Zone {
-    /// The block as `len` values of T, once nginx has created the zone.
+    /// `len` values of T from byte `offset` of the block, once nginx has
+    /// created the zone.
     ///
     /// # Safety
-    /// The zone must have been added with room for `len` T's, and an
-    /// all-zero T must be a valid value that may be shared between
-    /// processes and threads (atomics).
-    pub unsafe fn as_slice<T: Sync>(&self, len: usize) -> Option<&'static [T]> {
+    /// The zone must have been added with room for them, `offset` must be
+    /// a multiple of T's alignment (at most 8), and an all-zero T must be a
+    /// valid value that may be shared between processes and threads
+    /// (atomics).
+    pub unsafe fn as_slice<T: Sync>(&self, offset: usize, len: usize) -> Option<&'static [T]> {
         let block = self.block()?;
         // SAFETY: forwarded from the caller; the slab allocator aligns a
         // block to at least 8 bytes, and the zone stays mapped in this
         // process until it exits.
-        Some(unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<T>(), len) })
+        Some(unsafe { std::slice::from_raw_parts(block.as_ptr().add(offset).cast::<T>(), len) })
     }
 }
 

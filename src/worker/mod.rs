@@ -7,6 +7,7 @@
 //! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
 mod error;
+pub mod gate;
 pub mod stats;
 pub mod tasks;
 mod threads;
@@ -240,6 +241,10 @@ impl Worker {
             return Err(WorkerError::Stopped);
         }
         PoolStats::add(&pool.stats.pushed);
+        if task != POSTED {
+            // a posted task sends no completion to count it out
+            gate::task_started();
+        }
         log::debug(format_args!(
             "task {task:#x} queued for thread pool \"{}\", {} bytes",
             pool.name,
@@ -258,6 +263,7 @@ impl Worker {
     /// Takes every completion posted so far (called on wake-up).
     pub fn drain(&mut self) {
         while let Ok(c) = self.completions.try_recv() {
+            gate::task_finished();
             if let Some(buf) = self.tasks.complete(c.task, c.payload, c.failed) {
                 self.tasks.recycle(buf);
             }
@@ -279,6 +285,7 @@ pub fn stop(grace: Duration) {
         return;
     };
     worker.stopping.store(true, Ordering::SeqCst);
+    gate::stop();
     if let Some((stop, handle)) = worker.watchdog.take() {
         drop(stop);
         let _ = handle.join();

@@ -3,9 +3,11 @@
 //! lock, and `tp.NAME:stats()` reads them. Laid out as plain C data (u64s),
 //! so that they can live in memory shared with other processes later.
 
+use super::gate::{GateShared, GateSlot};
 use crate::ngx::http;
 use crate::ngx::shm::Zone;
 use crate::ngx::sys;
+use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -132,11 +134,12 @@ impl PoolStats {
 }
 
 /// Every worker's PoolStats in a shared memory zone of the module's own,
-/// for `thread_pool_status` (status.rs).
-/// One PoolStats per worker and pool, worker-major.
+/// for `thread_pool_status` (status.rs): one PoolStats per worker and pool,
+/// worker-major; then the accept gate's shared state and one GateSlot per
+/// worker (gate.rs).
 pub struct StatusTable {
     zone: Zone,
-    workers: usize,
+    pub workers: usize,
     pools: usize,
 }
 
@@ -149,9 +152,8 @@ impl StatusTable {
     pub unsafe fn add(cf: *mut sys::ngx_conf_t, pools: usize) -> Option<StatusTable> {
         // SAFETY: forwarded from the caller.
         let workers = unsafe { http::configured_workers(cf) }.unwrap_or_else(http::cpus);
-        let size = workers * pools * std::mem::size_of::<PoolStats>();
         // SAFETY: forwarded from the caller.
-        let zone = unsafe { Zone::add(cf, b"ngx_threadpool_status", size) }?;
+        let zone = unsafe { Zone::add(cf, b"ngx_threadpool_status", table_size(workers, pools)) }?;
         Some(StatusTable {
             zone,
             workers,
@@ -159,10 +161,14 @@ impl StatusTable {
         })
     }
 
+    fn stats_size(&self) -> usize {
+        self.workers * self.pools * size_of::<PoolStats>()
+    }
+
     pub fn all(&self) -> Option<&'static [PoolStats]> {
         // SAFETY: the zone was added with room for workers × pools
         // PoolStats, which are atomics, valid when zero.
-        unsafe { self.zone.as_slice(self.workers * self.pools) }
+        unsafe { self.zone.as_slice(0, self.workers * self.pools) }
     }
 
     /// Worker `worker`'s row, one PoolStats per pool (None past the
@@ -170,6 +176,27 @@ impl StatusTable {
     pub fn row(&self, worker: usize) -> Option<&'static [PoolStats]> {
         self.all()?.chunks(self.pools).nth(worker)
     }
+
+    /// The accept gate's shared state and every worker's slot.
+    pub fn gate(&self) -> Option<(&'static GateShared, &'static [GateSlot])> {
+        let at = self.stats_size();
+        // SAFETY: table_size left room for one GateShared and a GateSlot per
+        // worker after the PoolStats, at 8-byte aligned offsets; all are
+        // atomics, valid when zero.
+        unsafe {
+            let shared = self.zone.as_slice::<GateShared>(at, 1)?.first()?;
+            let slots = self
+                .zone
+                .as_slice(at + size_of::<GateShared>(), self.workers)?;
+            Some((shared, slots))
+        }
+    }
+}
+
+fn table_size(workers: usize, pools: usize) -> usize {
+    workers * pools * size_of::<PoolStats>()
+        + size_of::<GateShared>()
+        + workers * size_of::<GateSlot>()
 }
 
 #[cfg(test)]

@@ -1,0 +1,334 @@
+//! The accept gate: a worker whose pools hold too many outstanding tasks
+//! stops accepting new connections on the shared listening sockets, so the
+//! kernel hands them to the other workers, and accepts again once it has
+//! caught up.
+//!
+//! A worker's load is its tasks queued or running (pushed and posted, until
+//! their completion is drained, so a task whose caller timed out or went
+//! away still counts while a thread runs it) plus the connections it
+//! accepted that have not pushed a task yet (until their first push, their
+//! first request's log phase, or their close): a burst of accepts counts
+//! before its tasks arrive.
+//!
+//! A worker pauses when its load reaches the high mark and some other
+//! worker carries clearly less (SLACK), and resumes at the low mark or when
+//! no other worker carries less: when every worker is over the mark, they
+//! all accept and nginx's own balance applies. A count of paused workers in
+//! shared memory makes sure the last accepting worker never pauses.
+//!
+//! Each change only posts a check (ngx/accept.rs `defer`), which runs once
+//! per event-loop iteration.
+
+use crate::ngx::accept;
+use crate::ngx::log;
+use crate::ngx::sys;
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+
+/// How much more than the least loaded other worker a worker must carry
+/// before it pauses: ties and off-by-one differences do not toggle.
+const SLACK: usize = 2;
+
+/// The accept gate's marks, resolved from the directive and the threads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Marks {
+    pub high: usize,
+    pub low: usize,
+}
+
+impl Marks {
+    /// Defaults from the worker's pool threads: pause once a new task would
+    /// wait for a whole round of every thread, resume when the queue is
+    /// empty again.
+    pub fn resolve(high: Option<usize>, low: Option<usize>, threads: usize) -> Marks {
+        let high = high.unwrap_or(2 * threads.max(1));
+        let low = low.unwrap_or(threads.max(1)).min(high.saturating_sub(1));
+        Marks { high, low }
+    }
+}
+
+/// The shared count of paused workers.
+#[repr(C)]
+#[derive(Default)]
+pub struct GateShared {
+    pub paused_workers: AtomicU64,
+}
+
+/// One worker's gate, in shared memory: for the other workers' decisions
+/// and for `thread_pool_status`.
+#[repr(C)]
+#[derive(Default)]
+pub struct GateSlot {
+    /// 1 while this worker runs the gate.
+    pub active: AtomicU64,
+    pub paused: AtomicU64,
+    pub pauses: AtomicU64,
+    /// Milliseconds paused, over ended pauses.
+    pub paused_ms: AtomicU64,
+    /// nginx's monotonic clock (ms) when the current pause began.
+    pub paused_since: AtomicU64,
+    /// Tasks outstanding plus connections pending, at the last check.
+    pub load: AtomicU64,
+    /// Connections accepted on http listening sockets.
+    pub accepted: AtomicU64,
+}
+
+impl GateSlot {
+    /// Milliseconds paused so far, the current pause included.
+    pub fn paused_ms_now(&self) -> u64 {
+        let mut ms = self.paused_ms.load(Relaxed);
+        if self.paused.load(Relaxed) != 0 {
+            ms += now_ms().saturating_sub(self.paused_since.load(Relaxed));
+        }
+        ms
+    }
+}
+
+struct Gate {
+    marks: Marks,
+    shared: &'static GateShared,
+    slots: &'static [GateSlot],
+    me: usize,
+    /// Workers that may take part (the master's worker_processes).
+    workers: usize,
+    tasks: usize,
+    pending: HashSet<u64>,
+    paused: bool,
+}
+
+thread_local! {
+    static GATE: RefCell<Option<Gate>> = const { RefCell::new(None) };
+}
+
+fn with_gate(f: impl FnOnce(&mut Gate)) {
+    GATE.with(|g| {
+        if let Ok(mut g) = g.try_borrow_mut() {
+            if let Some(g) = g.as_mut() {
+                f(g)
+            }
+        }
+    })
+}
+
+/// nginx's monotonic clock, shared by every process of the machine.
+fn now_ms() -> u64 {
+    // SAFETY: a word nginx updates on the event-loop thread; a torn read is
+    // impossible for an aligned u64.
+    unsafe { std::ptr::read_volatile(&raw const sys::ngx_current_msec) as u64 }
+}
+
+/// Starts the gate in this worker (init_process). `workers` is how many
+/// workers the master runs; `me` this one's slot.
+pub fn start(
+    marks: Marks,
+    shared: &'static GateShared,
+    slots: &'static [GateSlot],
+    me: usize,
+    workers: usize,
+) {
+    // SAFETY: set by the event module's init_process, before ours.
+    if unsafe { sys::ngx_use_accept_mutex } != 0 {
+        log::message(
+            log::NGX_LOG_WARN,
+            format_args!("thread_pool_accept_gate is off: accept_mutex pauses accept itself"),
+        );
+        return;
+    }
+    let Some(slot) = slots.get(me) else {
+        return;
+    };
+    // A predecessor in this slot that died while paused.
+    if slot.paused.swap(0, SeqCst) != 0 {
+        shared.paused_workers.fetch_sub(1, SeqCst);
+    }
+    for c in [&slot.pauses, &slot.paused_ms, &slot.load, &slot.accepted] {
+        c.store(0, Relaxed);
+    }
+    let shared_sockets = accept::install(accept::Hooks {
+        accepted,
+        done,
+        check,
+    });
+    slot.active.store(1, SeqCst);
+    GATE.with(|g| {
+        *g.borrow_mut() = Some(Gate {
+            marks,
+            shared,
+            slots,
+            me,
+            workers: workers.min(slots.len()),
+            tasks: 0,
+            pending: HashSet::new(),
+            paused: false,
+        })
+    });
+    log::message(
+        log::NGX_LOG_NOTICE,
+        format_args!(
+            "accept gate: pause at {} outstanding tasks, resume at {}, on {shared_sockets} shared \
+             listening sockets",
+            marks.high, marks.low
+        ),
+    );
+}
+
+/// Ends the gate at worker exit: a paused worker no longer counts.
+pub fn stop() {
+    let gate = GATE.with(|g| g.borrow_mut().take());
+    if let Some(mut g) = gate {
+        if g.paused {
+            g.end_pause();
+        }
+        g.slots[g.me].active.store(0, SeqCst);
+    }
+}
+
+pub fn task_started() {
+    with_gate(|g| {
+        g.tasks += 1;
+        accept::defer();
+    })
+}
+
+pub fn task_finished() {
+    with_gate(|g| {
+        g.tasks = g.tasks.saturating_sub(1);
+        accept::defer();
+    })
+}
+
+/// The connection `number` pushed a task: from now on the task counts.
+pub fn pushed(number: u64) {
+    with_gate(|g| {
+        g.pending.remove(&number);
+    })
+}
+
+fn accepted(number: u64) {
+    with_gate(|g| {
+        g.pending.insert(number);
+        g.slots[g.me].accepted.fetch_add(1, Relaxed);
+        accept::defer();
+    })
+}
+
+fn done(number: u64) {
+    with_gate(|g| {
+        if g.pending.remove(&number) {
+            accept::defer();
+        }
+    })
+}
+
+fn check() {
+    with_gate(Gate::check)
+}
+
+/// Whether a worker should be paused, given its state and load and the
+/// least load of the other workers taking part (None: it is alone).
+fn should_pause(paused: bool, load: usize, marks: Marks, least_other: Option<usize>) -> bool {
+    let Some(least) = least_other else {
+        return false;
+    };
+    if paused {
+        load > marks.low && load > least
+    } else {
+        load >= marks.high && load >= least + SLACK
+    }
+}
+
+impl Gate {
+    fn check(&mut self) {
+        let load = self.tasks + self.pending.len();
+        let slot = &self.slots[self.me];
+        slot.load.store(load as u64, Relaxed);
+        let least_other = self.slots[..self.workers]
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| i != self.me && s.active.load(Relaxed) != 0)
+            .map(|(_, s)| s.load.load(Relaxed) as usize)
+            .min();
+        match (
+            self.paused,
+            should_pause(self.paused, load, self.marks, least_other),
+        ) {
+            (false, true) => self.pause(load),
+            (true, false) => {
+                self.end_pause();
+                accept::set_shared_accept(true);
+                log::debug(format_args!("accept gate: resumed at {load}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn pause(&mut self, load: usize) {
+        // The last accepting worker keeps accepting.
+        let limit = self.workers.saturating_sub(1) as u64;
+        let counted = self
+            .shared
+            .paused_workers
+            .fetch_update(SeqCst, SeqCst, |n| (n < limit).then_some(n + 1));
+        if counted.is_err() {
+            return;
+        }
+        accept::set_shared_accept(false);
+        self.paused = true;
+        let slot = &self.slots[self.me];
+        slot.paused_since.store(now_ms(), Relaxed);
+        slot.paused.store(1, SeqCst);
+        slot.pauses.fetch_add(1, Relaxed);
+        log::debug(format_args!("accept gate: paused at {load}"));
+    }
+
+    fn end_pause(&mut self) {
+        self.paused = false;
+        let slot = &self.slots[self.me];
+        let since = slot.paused_since.load(Relaxed);
+        slot.paused_ms
+            .fetch_add(now_ms().saturating_sub(since), Relaxed);
+        slot.paused.store(0, SeqCst);
+        self.shared.paused_workers.fetch_sub(1, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MARKS: Marks = Marks { high: 12, low: 6 };
+
+    #[test]
+    fn a_lone_worker_never_pauses() {
+        assert!(!should_pause(false, 1000, MARKS, None));
+        assert!(!should_pause(true, 1000, MARKS, None));
+    }
+
+    #[test]
+    fn pauses_over_the_high_mark_when_another_carries_less() {
+        assert!(!should_pause(false, 11, MARKS, Some(0)));
+        assert!(should_pause(false, 12, MARKS, Some(0)));
+        assert!(should_pause(false, 12, MARKS, Some(10)));
+        // every worker over the mark: accept as nginx would
+        assert!(!should_pause(false, 20, MARKS, Some(19)));
+    }
+
+    #[test]
+    fn resumes_at_the_low_mark_or_when_least_loaded() {
+        assert!(should_pause(true, 7, MARKS, Some(0)));
+        assert!(!should_pause(true, 6, MARKS, Some(0)));
+        assert!(!should_pause(true, 20, MARKS, Some(20)));
+        assert!(should_pause(true, 20, MARKS, Some(19)));
+    }
+
+    #[test]
+    fn default_marks_follow_the_threads() {
+        assert_eq!(Marks::resolve(None, None, 6), Marks { high: 12, low: 6 });
+        assert_eq!(Marks::resolve(Some(4), None, 6), Marks { high: 4, low: 3 });
+        assert_eq!(
+            Marks::resolve(Some(30), Some(10), 6),
+            Marks { high: 30, low: 10 }
+        );
+    }
+}

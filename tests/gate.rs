@@ -1,0 +1,245 @@
+//! `thread_pool_accept_gate`: with 2 workers, a worker whose pool holds
+//! more tasks than the high mark stops accepting on the shared listening
+//! socket (every new connection goes to the other worker, as the
+//! per-worker accepted-connection counts show), resumes once its tasks are
+//! done, never leaves no worker accepting, keeps accepting on `reuseport`
+//! sockets, and is reloaded and stopped as usual while paused.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One thread per worker; a task waits until the file named by its
+/// argument exists. `/block` pushes one, `/who` names the worker.
+const HTTP: &str = r#"
+    thread_pool_accept_gate on high=3 low=1;
+    thread_pool_process_by_lua_block work {
+        local ffi = require "ffi"
+        ffi.cdef "int usleep(unsigned int usec);"
+        return function(flag)
+            while true do
+                local f = io.open(flag)
+                if f then f:close() return "released" end
+                ffi.C.usleep(5000)
+            end
+        end
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        listen 127.0.0.1:$REUSEPORT reuseport;
+        location = /block {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.print(tp.work:push_task(ngx.var.arg_flag))
+            }
+        }
+        location = /who { content_by_lua_block { ngx.print(ngx.worker.id()) } }
+        location = /metrics { thread_pool_status; }
+    }
+"#;
+
+struct Gated {
+    ngx: Nginx,
+    reuseport: u16,
+    flag: PathBuf,
+    /// Connections waiting on a blocked task.
+    blocked: Vec<TcpStream>,
+}
+
+fn start() -> Gated {
+    let reuseport = free_port();
+    let http = HTTP.replace("$REUSEPORT", &reuseport.to_string());
+    let ngx = Nginx::start_with(2, "thread_pool work threads=1;", &http, &[]);
+    let flag = ngx.dir.join("release");
+    Gated {
+        ngx,
+        reuseport,
+        flag,
+        blocked: Vec::new(),
+    }
+}
+
+/// The value of `name` for `worker` in thread_pool_status's text.
+fn metric(text: &str, name: &str, worker: usize) -> f64 {
+    let head = format!("{name}{{worker=\"{worker}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&head)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {head} in:\n{text}"))
+}
+
+fn paused_workers(text: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("ngx_threadpool_accept_gate_paused_workers ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no paused_workers in:\n{text}"))
+}
+
+/// Which worker answers a request on a new connection to `port`, or None
+/// if none does within 2 s.
+fn who(port: u16) -> Option<usize> {
+    let r = try_request(port, "GET", "/who", &[], b"", Duration::from_secs(2)).ok()?;
+    r.text().parse().ok()
+}
+
+impl Gated {
+    fn metrics(&self) -> String {
+        self.ngx.get("/metrics").text()
+    }
+
+    /// Sends a request whose task blocks until `release`.
+    fn block(&mut self) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.ngx.port)).unwrap();
+        let req = format!(
+            "GET /block?flag={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            self.flag.display()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        self.blocked.push(s);
+    }
+
+    /// Blocks tasks until a worker pauses; returns it.
+    fn pause_one(&mut self) -> usize {
+        for _ in 0..20 {
+            self.block();
+            let mut paused = None;
+            eventually(Duration::from_secs(2), || {
+                let m = self.metrics();
+                paused =
+                    (0..2).find(|&w| metric(&m, "ngx_threadpool_accept_gate_paused", w) == 1.0);
+                paused.is_some()
+            });
+            if let Some(w) = paused {
+                return w;
+            }
+        }
+        panic!("no worker paused:\n{}", self.metrics());
+    }
+
+    /// Lets every blocked task finish; each request got its task's result.
+    fn release(&mut self) {
+        std::fs::write(&self.flag, b"").unwrap();
+        for mut s in self.blocked.drain(..) {
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            assert!(out.contains("\r\nreleased\r\n"), "{out}");
+        }
+    }
+}
+
+#[test]
+fn pauses_a_loaded_worker_resumes_it_and_never_pauses_the_last() {
+    let mut g = start();
+    let paused = g.pause_one();
+    let other = 1 - paused;
+    let m = g.metrics();
+    assert_eq!(paused_workers(&m), 1.0, "{m}");
+    let accepted = metric(&m, "ngx_threadpool_accepted_connections_total", paused);
+
+    // While paused, the other worker takes every new connection.
+    for _ in 0..30 {
+        assert_eq!(who(g.ngx.port), Some(other));
+    }
+    let m = g.metrics();
+    assert_eq!(
+        metric(&m, "ngx_threadpool_accepted_connections_total", paused),
+        accepted,
+        "the paused worker accepted:\n{m}"
+    );
+
+    // Load the other worker well past the paused one: it would pause too,
+    // but it is the last one accepting.
+    let paused_load = metric(&m, "ngx_threadpool_accept_gate_load", paused);
+    while metric(&g.metrics(), "ngx_threadpool_accept_gate_load", other) < paused_load + 3.0 {
+        g.block();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..10 {
+        assert_eq!(who(g.ngx.port), Some(other), "{}", g.metrics());
+    }
+    assert_eq!(paused_workers(&g.metrics()), 1.0);
+
+    // Done: the paused worker resumes, with its pause counted and timed,
+    // and takes connections again.
+    g.release();
+    assert!(eventually(Duration::from_secs(5), || {
+        let m = g.metrics();
+        metric(&m, "ngx_threadpool_accept_gate_paused", paused) == 0.0 && paused_workers(&m) == 0.0
+    }));
+    let m = g.metrics();
+    assert!(metric(&m, "ngx_threadpool_accept_gate_pauses_total", paused) >= 1.0);
+    assert!(
+        metric(
+            &m,
+            "ngx_threadpool_accept_gate_paused_seconds_total",
+            paused
+        ) > 0.0
+    );
+    assert!(
+        (0..400).any(|_| who(g.ngx.port) == Some(paused)),
+        "the resumed worker never accepted again"
+    );
+    // The format is Prometheus's.
+    let parsed = prometheus(&g.metrics());
+    assert!(parsed.contains_key(&format!(
+        "ngx_threadpool_accept_gate_pauses_total{{worker={paused}}}"
+    )));
+    g.ngx.assert_clean_log();
+}
+
+#[test]
+fn reuseport_sockets_keep_accepting() {
+    let mut g = start();
+    let paused = g.pause_one();
+    // The kernel spreads reuseport connections over both workers' sockets;
+    // the paused worker still takes its share.
+    let seen: Vec<_> = (0..40).map(|_| who(g.reuseport)).collect();
+    assert!(seen.iter().all(Option::is_some), "{seen:?}");
+    assert!(seen.contains(&Some(paused)), "{seen:?}");
+    g.release();
+    g.ngx.assert_clean_log();
+}
+
+#[test]
+fn reload_and_quit_while_paused() {
+    let mut g = start();
+    g.pause_one();
+    let old = g.ngx.workers();
+    g.ngx.signal("HUP");
+    assert!(eventually(Duration::from_secs(10), || {
+        let now = g.ngx.workers();
+        now.iter().filter(|p| !old.contains(p)).count() == 2
+    }));
+    // The new workers serve; the old ones still hold the blocked tasks.
+    for _ in 0..10 {
+        assert!(who(g.ngx.port).is_some());
+    }
+    g.release();
+    assert!(
+        eventually(Duration::from_secs(10), || g
+            .ngx
+            .workers()
+            .iter()
+            .all(|p| !old.contains(p))),
+        "old workers did not exit"
+    );
+
+    // Paused again in the new generation, then quit.
+    g.flag = g.ngx.dir.join("release2");
+    g.pause_one();
+    g.ngx.signal("QUIT");
+    std::thread::sleep(Duration::from_millis(200));
+    g.release();
+    assert!(
+        g.ngx.wait_exit(Duration::from_secs(10)),
+        "nginx did not quit"
+    );
+    g.ngx.assert_clean_log();
+}
