@@ -25,7 +25,10 @@ fn main() {
     let mut builder = bindgen::Builder::default()
         .header("wrapper.h")
         .allowlist_item("ngx_.*|NGX_.*|nginx_version|NGINX_.*")
-        .allowlist_function("sigfillset|sigdelset|pthread_sigmask|setpriority|getpriority|gettid")
+        .allowlist_function(
+            "sigfillset|sigdelset|pthread_sigmask|setpriority|getpriority|gettid|eventfd|write|close",
+        )
+        .allowlist_item("EFD_CLOEXEC|EFD_NONBLOCK")
         .allowlist_var("SIGILL|SIGFPE|SIGSEGV|SIGBUS|SIG_BLOCK")
         .layout_tests(false)
         .derive_default(true)

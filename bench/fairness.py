@@ -42,16 +42,15 @@ SAMPLE_MS = 100
 KEEPALIVE = os.environ.get("KEEPALIVE", "1") != "0"
 
 # A mode: how many workers, threads per worker's pool (0: the task runs on
-# the event loop), and text added to the listen directive, the events block
-# and the top level. Adding a mode (e.g. an accept gate's directive) is one
-# entry here.
+# the event loop), and text added to the listen directive, the events block,
+# the top level and the http block. Adding a mode is one entry here.
 MODES = {
     # The talk's "120 workers direct" against 20 x 6 threads: as many event
     # loops as the thread modes have threads, so the capacity is the same.
     "Direct": dict(workers=24, threads=0),
     "Thread": dict(workers=4, threads=6),
     "Thread + reuseport": dict(workers=4, threads=6, listen="reuseport"),
-    # "Thread + gate": dict(workers=4, threads=6, main="thread_pool_accept_gate ...;"),
+    "Thread + gate": dict(workers=4, threads=6, http="thread_pool_accept_gate on;"),
 }
 # The real thumbnail handler, small: 2 workers x 2 threads (4 cores' worth
 # would not fit on 2), against 4 inline workers.
@@ -59,6 +58,7 @@ REAL_MODES = {
     "Direct": dict(workers=4, threads=0),
     "Thread": dict(workers=2, threads=2),
     "Thread + reuseport": dict(workers=2, threads=2, listen="reuseport"),
+    "Thread + gate": dict(workers=2, threads=2, http="thread_pool_accept_gate on;"),
 }
 
 PLANS = {
@@ -87,6 +87,7 @@ http {
     access_log off;
     lua_package_path "@REPO@/lua/?.lua;@REPO@/nginx-conf/?.lua;;";
     lua_shared_dict fairness 1m;
+    @HTTP@
     init_by_lua_block {
         require("ffi").cdef("int usleep(unsigned int);")
     }
@@ -184,6 +185,7 @@ class Nginx:
                     USER="user root;" if os.geteuid() == 0 else "",
                     WORKERS=str(mode["workers"]), IMAGES=str(images),
                     EVENTS=mode.get("events", ""), MAIN=mode.get("main", ""),
+                    HTTP=mode.get("http", ""),
                     LISTEN=mode.get("listen", ""), POOL=pool,
                     HANDLER=handler, CALL=call)
         conf = CONF

@@ -44,6 +44,8 @@ pub struct MainConf {
     pub status: Option<crate::worker::stats::StatusTable>,
     /// `thread_pool_accept_gate`: None when off.
     pub gate: Option<GateConf>,
+    /// The gate's wake-up of paused workers (made at postconfiguration).
+    pub nudge: Option<crate::ngx::accept::Nudge>,
 }
 
 /// The accept gate's marks as configured (None: derived from the threads).

@@ -175,8 +175,12 @@ unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int
                 return sys::NGX_ERROR as sys::ngx_int_t;
             }
             // SAFETY: as above.
-            if conf.gate.is_some() && !unsafe { ngx::accept::add_log_handler(cf) } {
-                return sys::NGX_ERROR as sys::ngx_int_t;
+            if conf.gate.is_some() {
+                // SAFETY: as above.
+                if !unsafe { ngx::accept::add_log_handler(cf) } {
+                    return sys::NGX_ERROR as sys::ngx_int_t;
+                }
+                conf.nudge = ngx::accept::Nudge::create();
             }
             sys::NGX_OK as sys::ngx_int_t
         },
@@ -264,7 +268,8 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             let threads = conf.pools.iter().map(|p| p.threads).sum();
             let marks = worker::gate::Marks::resolve(gate.high, gate.low, threads);
             let me = ngx::http::worker_number();
-            worker::gate::start(marks, shared, slots, me, ngx::http::running_workers());
+            let workers = ngx::http::running_workers();
+            worker::gate::start(marks, shared, slots, me, workers, conf.nudge.as_ref());
         }
         match started {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,

@@ -25,9 +25,15 @@ pub struct Hooks {
     pub check: fn(),
 }
 
+/// The check's two events: posted (this iteration) and timed (later).
+struct CheckEvents {
+    posted: sys::ngx_event_t,
+    timed: sys::ngx_event_t,
+}
+
 thread_local! {
     static HOOKS: Cell<Option<Hooks>> = const { Cell::new(None) };
-    static CHECK_EVENT: Cell<*mut sys::ngx_event_t> = const { Cell::new(std::ptr::null_mut()) };
+    static CHECK: Cell<*mut CheckEvents> = const { Cell::new(std::ptr::null_mut()) };
 }
 
 /// Watches this worker's http listening sockets and returns how many are
@@ -35,14 +41,20 @@ thread_local! {
 /// init_process, once per worker.
 pub fn install(hooks: Hooks) -> usize {
     HOOKS.with(|h| h.set(Some(hooks)));
-    let event = Box::new(sys::ngx_event_t {
+    let event = || sys::ngx_event_t {
         handler: Some(run_check),
         // SAFETY: ngx_cycle is set before init_process and its log lives as
         // long as the worker.
         log: unsafe { (*sys::ngx_cycle).log },
         ..Default::default()
+    };
+    let mut events = Box::new(CheckEvents {
+        posted: event(),
+        timed: event(),
     });
-    CHECK_EVENT.with(|e| e.set(Box::into_raw(event)));
+    // A pending check does not hold up a graceful exit.
+    events.timed.set_cancelable(1);
+    CHECK.with(|e| e.set(Box::into_raw(events)));
     let mut shared = 0;
     for ls in listening() {
         if handler_is(ls.handler, sys::ngx_http_init_connection) {
@@ -126,13 +138,15 @@ pub fn set_shared_accept(on: bool) {
 /// never from inside nginx's accept loop, which re-adds its socket after
 /// the handler returns (ngx_reorder_accept_events).
 pub fn defer() {
-    let ev = CHECK_EVENT.with(|e| e.get());
-    if ev.is_null() {
+    let events = CHECK.with(|e| e.get());
+    if events.is_null() {
         return;
     }
-    // SAFETY: ev was allocated by install and lives as long as the worker;
-    // posting (as ngx_post_event does) is done on the event-loop thread.
+    // SAFETY: the events were allocated by install and live as long as the
+    // worker; posting (as ngx_post_event does) is done on the event-loop
+    // thread.
     unsafe {
+        let ev = &raw mut (*events).posted;
         if (*ev).posted() != 0 {
             return;
         }
@@ -143,6 +157,27 @@ pub fn defer() {
         (*(*q).prev).next = q;
         (*q).next = head;
         (*head).prev = q;
+    }
+}
+
+/// Runs the `check` hook in `ms` milliseconds, unless a timed check is
+/// already on its way: a paused worker looks again at the others' loads
+/// even when none of its own events come.
+pub fn check_in(ms: u64) {
+    let events = CHECK.with(|e| e.get());
+    if events.is_null() {
+        return;
+    }
+    // SAFETY: as in defer; the timer tree is the event loop's (what
+    // ngx_add_timer does, without its lazy re-arming).
+    unsafe {
+        let ev = &raw mut (*events).timed;
+        if (*ev).timer_set() != 0 {
+            return;
+        }
+        (*ev).timer.key = sys::ngx_current_msec + ms as sys::ngx_msec_t;
+        sys::ngx_rbtree_insert(&raw mut sys::ngx_event_timer_rbtree, &raw mut (*ev).timer);
+        (*ev).set_timer_set(1);
     }
 }
 
@@ -224,4 +259,62 @@ unsafe extern "C" fn request_logged(r: *mut sys::ngx_http_request_t) -> sys::ngx
 pub unsafe fn connection_number(r: *mut sys::ngx_http_request_t) -> u64 {
     // SAFETY: a live request has its connection.
     unsafe { (*(*r).connection).number }
+}
+
+/// An eventfd that every worker watches, made in the master before the
+/// workers fork: a worker left alone accepting a burst writes it, so the
+/// paused workers look at the loads at once rather than at their next
+/// timed check. Closed when its configuration goes (reload, exit).
+pub struct Nudge(std::ffi::c_int);
+
+impl Nudge {
+    pub fn create() -> Option<Nudge> {
+        // SAFETY: a plain system call.
+        let fd =
+            unsafe { sys::eventfd(0, (sys::EFD_NONBLOCK | sys::EFD_CLOEXEC) as std::ffi::c_int) };
+        (fd >= 0).then_some(Nudge(fd))
+    }
+
+    /// Watches the nudge in this worker: each write runs the check.
+    pub fn watch(&self) -> bool {
+        // SAFETY: in init_process, on the event loop: a connection struct
+        // carries the fd for the event module; edge-triggered, so each
+        // write wakes every worker once and nobody needs to read.
+        unsafe {
+            let log = (*sys::ngx_cycle).log;
+            let c = sys::ngx_get_connection(self.0, log);
+            if c.is_null() {
+                return false;
+            }
+            let rev = (*c).read;
+            (*rev).handler = Some(run_check);
+            (*rev).log = log;
+            // A channel between processes, as nginx marks its own: not a
+            // client connection left open at exit.
+            (*rev).set_channel(1);
+            let actions = &raw const sys::ngx_event_actions;
+            let Some(add) = (*actions).add else {
+                return false;
+            };
+            add(
+                rev,
+                sys::NGX_RS_READ_EVENT as sys::ngx_int_t,
+                sys::NGX_RS_CLEAR_EVENT,
+            ) == sys::NGX_OK as sys::ngx_int_t
+        }
+    }
+
+    pub fn send(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 readable bytes to an eventfd; a full counter (never in
+        // practice) only drops this nudge.
+        unsafe { sys::write(self.0, one.as_ptr().cast(), one.len()) };
+    }
+}
+
+impl Drop for Nudge {
+    fn drop(&mut self) {
+        // SAFETY: the fd is this Nudge's own.
+        unsafe { sys::close(self.0) };
+    }
 }

@@ -10,21 +10,29 @@
 //! first request's log phase, or their close): a burst of accepts counts
 //! before its tasks arrive.
 //!
-//! A worker pauses when its load reaches the high mark and some other
-//! worker carries clearly less (SLACK), and resumes at the low mark or when
-//! no other worker carries less: when every worker is over the mark, they
-//! all accept and nginx's own balance applies. A count of paused workers in
-//! shared memory makes sure the last accepting worker never pauses.
+//! A worker pauses when its load reaches the high mark and another worker
+//! that accepts carries clearly less (SLACK); it resumes at the low mark or
+//! when no accepting worker carries less than it does. So when every worker
+//! is over the mark, they all accept and nginx's own balance applies, and a
+//! burst of connections spreads over the workers instead of piling onto
+//! the last one accepting. Two workers deciding at once could still both
+//! pause: a count of paused workers in shared memory makes sure the last
+//! accepting worker never does.
 //!
 //! Each change only posts a check (ngx/accept.rs `defer`), which runs once
 //! per event-loop iteration.
 
-use crate::ngx::accept;
+use crate::ngx::accept::{self, Nudge};
 use crate::ngx::log;
 use crate::ngx::sys;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+
+/// How often a paused worker looks at the other workers' loads, when its
+/// own events do not make it look: when they fill up during a burst of
+/// connections, it takes its share again.
+const PAUSED_CHECK_MS: u64 = 5;
 
 /// How much more than the least loaded other worker a worker must carry
 /// before it pauses: ties and off-by-one differences do not toggle.
@@ -95,6 +103,9 @@ struct Gate {
     tasks: usize,
     pending: HashSet<u64>,
     paused: bool,
+    nudge: Option<&'static Nudge>,
+    /// The load at the last nudge (0: none since the load was low).
+    nudged_at: usize,
 }
 
 thread_local! {
@@ -126,6 +137,7 @@ pub fn start(
     slots: &'static [GateSlot],
     me: usize,
     workers: usize,
+    nudge: Option<&'static Nudge>,
 ) {
     // SAFETY: set by the event module's init_process, before ours.
     if unsafe { sys::ngx_use_accept_mutex } != 0 {
@@ -161,6 +173,8 @@ pub fn start(
             tasks: 0,
             pending: HashSet::new(),
             paused: false,
+            nudge: nudge.filter(|n| n.watch()),
+            nudged_at: 0,
         })
     });
     log::message(
@@ -226,9 +240,9 @@ fn check() {
 }
 
 /// Whether a worker should be paused, given its state and load and the
-/// least load of the other workers taking part (None: it is alone).
-fn should_pause(paused: bool, load: usize, marks: Marks, least_other: Option<usize>) -> bool {
-    let Some(least) = least_other else {
+/// least load of the other workers that accept (None: no other does).
+fn should_pause(paused: bool, load: usize, marks: Marks, least_accepting: Option<usize>) -> bool {
+    let Some(least) = least_accepting else {
         return false;
     };
     if paused {
@@ -241,37 +255,61 @@ fn should_pause(paused: bool, load: usize, marks: Marks, least_other: Option<usi
 impl Gate {
     fn check(&mut self) {
         let load = self.tasks + self.pending.len();
-        let slot = &self.slots[self.me];
-        slot.load.store(load as u64, Relaxed);
-        let least_other = self.slots[..self.workers]
-            .iter()
-            .enumerate()
-            .filter(|&(i, s)| i != self.me && s.active.load(Relaxed) != 0)
-            .map(|(_, s)| s.load.load(Relaxed) as usize)
-            .min();
-        match (
-            self.paused,
-            should_pause(self.paused, load, self.marks, least_other),
-        ) {
-            (false, true) => self.pause(load),
-            (true, false) => {
+        self.slots[self.me].load.store(load as u64, Relaxed);
+        let (mut least_accepting, mut least_paused) = (None::<usize>, None::<usize>);
+        for (i, s) in self.slots[..self.workers].iter().enumerate() {
+            if i == self.me || s.active.load(Relaxed) == 0 {
+                continue;
+            }
+            let l = s.load.load(Relaxed) as usize;
+            let least = if s.paused.load(Relaxed) != 0 {
+                &mut least_paused
+            } else {
+                &mut least_accepting
+            };
+            *least = Some(least.map_or(l, |m| m.min(l)));
+        }
+        if self.paused {
+            if !should_pause(true, load, self.marks, least_accepting) {
                 self.end_pause();
                 accept::set_shared_accept(true);
                 log::debug(format_args!("accept gate: resumed at {load}"));
             }
-            _ => {}
+        } else if should_pause(false, load, self.marks, least_accepting) {
+            if !self.pause(load) {
+                self.nudge(load);
+            }
+        } else if least_accepting.is_none() && should_pause(false, load, self.marks, least_paused) {
+            // Alone accepting and over the mark, while a paused worker
+            // carries less: it should take connections again.
+            self.nudge(load);
+        } else {
+            self.nudged_at = 0;
+        }
+        if self.paused {
+            accept::check_in(PAUSED_CHECK_MS);
         }
     }
 
-    fn pause(&mut self, load: usize) {
-        // The last accepting worker keeps accepting.
+    /// Makes the paused workers check now, once per SLACK more load.
+    fn nudge(&mut self, load: usize) {
+        if load >= self.nudged_at + SLACK {
+            if let Some(n) = self.nudge {
+                n.send();
+            }
+            self.nudged_at = load;
+        }
+    }
+
+    /// Pauses, unless it would leave no worker accepting.
+    fn pause(&mut self, load: usize) -> bool {
         let limit = self.workers.saturating_sub(1) as u64;
         let counted = self
             .shared
             .paused_workers
             .fetch_update(SeqCst, SeqCst, |n| (n < limit).then_some(n + 1));
         if counted.is_err() {
-            return;
+            return false;
         }
         accept::set_shared_accept(false);
         self.paused = true;
@@ -280,6 +318,7 @@ impl Gate {
         slot.paused.store(1, SeqCst);
         slot.pauses.fetch_add(1, Relaxed);
         log::debug(format_args!("accept gate: paused at {load}"));
+        true
     }
 
     fn end_pause(&mut self) {
@@ -300,7 +339,7 @@ mod tests {
     const MARKS: Marks = Marks { high: 12, low: 6 };
 
     #[test]
-    fn a_lone_worker_never_pauses() {
+    fn the_only_accepting_worker_never_pauses() {
         assert!(!should_pause(false, 1000, MARKS, None));
         assert!(!should_pause(true, 1000, MARKS, None));
     }
