@@ -36,10 +36,6 @@ NGINX = "/usr/sbin/nginx"
 SERVICE_MS = 50
 STATIC_PAUSE_MS = SERVICE_MS  # a static client's pause between requests
 SAMPLE_MS = 100
-# Clients keep their connection (HTTP/1.1 keep-alive, a new one only after a
-# timeout), as the talk's did: a connection stays on the worker that accepted
-# it. KEEPALIVE=0: a new connection per request, an accept for every request.
-KEEPALIVE = os.environ.get("KEEPALIVE", "1") != "0"
 
 # A mode: how many workers, threads per worker's pool (0: the task runs on
 # the event loop), and text added to the listen directive, the events block,
@@ -63,10 +59,16 @@ REAL_MODES = {
 
 PLANS = {
     # loads: connections as multiples of the thread count (half of them
-    # thumbnail clients, half static clients).
-    "full": dict(loads=(0.5, 1, 2, 3.3, 5, 6.7), secs=15, timeout_ms=500,
+    # thumbnail clients, half static clients). Each load runs `rounds`
+    # times, the modes alternating within a round. Main cells open a new
+    # connection per request (every request is an accept the workers
+    # compete for); keep-alive cells keep it (as the talk's client did: a
+    # connection stays where it was accepted, a new one only after a
+    # timeout).
+    "full": dict(loads=(0.5, 1, 2, 3.3, 5, 6.7), ka_loads=(3.3, 5, 6.7), rounds=3,
+                 secs=10, timeout_ms=500,
                  real_loads=(1, 3.3, 6.7), real_secs=10, real_timeout_ms=2000),
-    "quick": dict(loads=(1, 3.3, 6.7), secs=3, timeout_ms=500,
+    "quick": dict(loads=(3.3, 6.7), ka_loads=(6.7,), rounds=1, secs=3, timeout_ms=500,
                   real_loads=(3.3,), real_secs=3, real_timeout_ms=2000),
 }
 
@@ -118,6 +120,7 @@ http {
                 ngx.print(ok)
             }
         }
+        location = /metrics { thread_pool_status; }
         location = /stats {
             content_by_lua_block {
                 local dict, acc, fly = ngx.shared.fairness, {}, {}
@@ -270,14 +273,14 @@ async def keepalive_get(conn, port, path):
     await r.readexactly(length)
 
 
-async def client(port, path, pause, timeout, until, stats):
+async def client(port, path, pause, timeout, until, stats, keepalive):
     """A closed-loop client: one request at a time, on a kept connection
-    (KEEPALIVE) or a new one each time; a new connection after a timeout."""
+    (keepalive) or a new one each time; a new connection after a timeout."""
     conn = [None]
     while time.monotonic() < until:
         t0 = time.monotonic()
         try:
-            if KEEPALIVE:
+            if keepalive:
                 await asyncio.wait_for(keepalive_get(conn, port, path), timeout)
             else:
                 await get(port, path, timeout)
@@ -303,7 +306,7 @@ async def sampler(port, until, samples):
         await asyncio.sleep(SAMPLE_MS / 1000)
 
 
-async def run_cell(port, conns, secs, timeout_ms):
+async def run_cell(port, conns, secs, timeout_ms, keepalive):
     until = time.monotonic() + secs
     classes = {c: dict(lat=[], timeouts=0, errors=0) for c in ("static", "thumb")}
     samples = []
@@ -311,13 +314,29 @@ async def run_cell(port, conns, secs, timeout_ms):
     for i in range(conns):
         if i % 2 == 0:
             tasks.append(client(port, "/task", 0, timeout_ms / 1000, until,
-                                classes["thumb"]))
+                                classes["thumb"], keepalive))
         else:
             tasks.append(client(port, "/static", STATIC_PAUSE_MS / 1000,
-                                timeout_ms / 1000, until, classes["static"]))
+                                timeout_ms / 1000, until, classes["static"],
+                                keepalive))
     await asyncio.gather(*tasks)
     acc = json.loads(await get(port, "/stats", 5.0))["acc"]
-    return classes, samples, acc
+    gate = gate_metrics((await get(port, "/metrics", 5.0)).decode())
+    return classes, samples, acc, gate
+
+
+def gate_metrics(text):
+    """Per worker, the accept gate's pauses and seconds paused (empty
+    without the gate)."""
+    out = dict(pauses={}, paused_s={})
+    names = dict(pauses="ngx_threadpool_accept_gate_pauses_total",
+                 paused_s="ngx_threadpool_accept_gate_paused_seconds_total")
+    for line in text.splitlines():
+        for key, name in names.items():
+            if line.startswith(name + "{worker="):
+                worker = int(line.split('"')[1])
+                out[key][worker] = float(line.rsplit(" ", 1)[1])
+    return {k: [v[w] for w in sorted(v)] for k, v in out.items()}
 
 
 def pct(xs, p):
@@ -327,7 +346,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
 
 
-def summarize(classes, samples, acc, secs):
+def summarize(classes, samples, acc, gate, secs):
     out = {}
     for c, s in classes.items():
         done = len(s["lat"])
@@ -342,25 +361,31 @@ def summarize(classes, samples, acc, secs):
     out["fly_mean"] = [sum(s[i] for s in samples) / len(samples) if samples else 0
                        for i in range(n)]
     out["fly_max"] = [max((s[i] for s in samples), default=0) for i in range(n)]
+    out["gate"] = gate
     return out
 
 
-def measure(modes, kind, loads, secs, timeout_ms, images):
+def measure(modes, kind, loads, secs, timeout_ms, images, rounds, keepalive):
+    """Every mode at every load, `rounds` times; within a round the modes
+    alternate, so that a change of the machine's load hits them alike."""
     results = []
-    for name, mode in modes.items():
-        capacity = mode["workers"] * max(mode["threads"], 1)
-        for load in loads:
-            conns = max(2, round(load * capacity))
-            log(f"{kind} {name}: {conns} connections ({load}x), {secs}s")
-            with Nginx(mode, kind, images) as ngx:
-                res = asyncio.run(run_cell(ngx.port, conns, secs, timeout_ms))
-            r = summarize(*res, secs)
-            r.update(mode=name, kind=kind, load=load, conns=conns,
-                     workers=mode["workers"], threads=mode["threads"],
-                     timeout_ms=timeout_ms)
-            log(f"  thumb timeouts {r['thumb']['timeout_pct']:.2f}% "
-                f"static {r['static']['timeout_pct']:.2f}% acc {r['acc']}")
-            results.append(r)
+    for load in loads:
+        for rnd in range(rounds):
+            for name, mode in modes.items():
+                capacity = mode["workers"] * max(mode["threads"], 1)
+                conns = max(2, round(load * capacity))
+                log(f"{kind} {name}: {conns} connections ({load}x), {secs}s, "
+                    f"round {rnd + 1}/{rounds}, keepalive {keepalive}")
+                with Nginx(mode, kind, images) as ngx:
+                    res = asyncio.run(run_cell(ngx.port, conns, secs, timeout_ms,
+                                               keepalive))
+                r = summarize(*res, secs)
+                r.update(mode=name, kind=kind, load=load, conns=conns,
+                         workers=mode["workers"], threads=mode["threads"],
+                         timeout_ms=timeout_ms, round=rnd, keepalive=keepalive)
+                log(f"  thumb timeouts {r['thumb']['timeout_pct']:.2f}% "
+                    f"static {r['static']['timeout_pct']:.2f}% acc {r['acc']}")
+                results.append(r)
     return results
 
 
@@ -372,14 +397,19 @@ def main():
     plan = PLANS["quick" if quick else "full"]
     OUT.mkdir(exist_ok=True)
     images = make_images()
+    load_before = os.getloadavg()
+    rounds = plan["rounds"]
     results = measure(MODES, "sim", plan["loads"], plan["secs"],
-                      plan["timeout_ms"], images)
+                      plan["timeout_ms"], images, rounds, keepalive=False)
+    results += measure(MODES, "sim", plan["ka_loads"], plan["secs"],
+                       plan["timeout_ms"], images, rounds, keepalive=True)
     results += measure(REAL_MODES, "real", plan["real_loads"],
-                       plan["real_secs"], plan["real_timeout_ms"], images)
+                       plan["real_secs"], plan["real_timeout_ms"], images, 1,
+                       keepalive=False)
     meta = dict(quick=quick, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 cpus=os.cpu_count(), kernel=platform.release(),
-                load_avg=os.getloadavg(), service_ms=SERVICE_MS,
-                keepalive=KEEPALIVE)
+                load_before=load_before, load_avg=os.getloadavg(),
+                service_ms=SERVICE_MS, rounds=rounds, secs=plan["secs"])
     (OUT / "fairness.json").write_text(json.dumps(dict(meta=meta, results=results),
                                                   indent=1))
     sys.dont_write_bytecode = True

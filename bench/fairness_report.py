@@ -31,23 +31,97 @@ def spread(xs, fmt):
     return f"{fmt(s[0])} .. {fmt(s[len(s) // 2])} .. {fmt(s[-1])} (min..med..max)"
 
 
-def table(rows):
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def cells(results):
+    """Rounds of the same cell grouped: {(kind, keepalive, mode, load): [r...]}
+    in the order first seen."""
+    out = {}
+    for r in results:
+        key = (r["kind"], r.get("keepalive", False), r["mode"], r["load"])
+        out.setdefault(key, []).append(r)
+    return out
+
+
+def stat(rounds, f):
+    """Median of f over the rounds, and (min, max)."""
+    xs = [f(r) for r in rounds if f(r) is not None]
+    return (median(xs), min(xs), max(xs)) if xs else (None, None, None)
+
+
+def with_range(st, fmt):
+    m, lo, hi = st
+    if m is None:
+        return "-"
+    if lo == hi:
+        return fmt(m)
+    return f"{fmt(m)} [{fmt(lo)}–{fmt(hi)}]"
+
+
+def pct2(x):
+    return f"{x:.2f} %"
+
+
+def table(groups):
     out = ["| mode | load (conns) | thumb timeouts | static timeouts | thumb/s "
            "| thumb p50/p99 ms | static p50/p99 ms | accepted % per worker "
-           "| in flight mean (max) per worker |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        t, s = r["thumb"], r["static"]
-        acc_total = sum(r["acc"]) or 1
-        acc = spread([100 * a / acc_total for a in r["acc"]], lambda x: f"{x:.0f}")
-        fly = spread(list(zip(r["fly_mean"], r["fly_max"])),
+           "| in flight mean (max) per worker | gate pauses (s paused) per worker |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for rounds in groups:
+        r0 = rounds[0]
+        # per-worker columns from the median round by thumb timeouts
+        mid = sorted(rounds, key=lambda r: r["thumb"]["timeout_pct"])[len(rounds) // 2]
+        acc_total = sum(mid["acc"]) or 1
+        acc = spread([100 * a / acc_total for a in mid["acc"]], lambda x: f"{x:.0f}")
+        fly = spread(list(zip(mid["fly_mean"], mid["fly_max"])),
                      lambda p: f"{p[0]:.1f} ({p[1]})")
+        gate = mid.get("gate") or {}
+        pauses = "/".join(f"{p:.0f} ({t:.1f})" for p, t in
+                          zip(gate.get("pauses", []), gate.get("paused_s", []))) or "-"
         out.append(
-            f"| {r['mode']} | {r['load']}x ({r['conns']}) "
-            f"| {t['timeout_pct']:.2f} % | {s['timeout_pct']:.2f} % "
-            f"| {t['per_sec']:.0f} | {ms(t['p50'])}/{ms(t['p99'])} "
-            f"| {ms(s['p50'])}/{ms(s['p99'])} | {acc} | {fly} |")
+            f"| {r0['mode']} | {r0['load']}x ({r0['conns']}) "
+            f"| {with_range(stat(rounds, lambda r: r['thumb']['timeout_pct']), pct2)} "
+            f"| {with_range(stat(rounds, lambda r: r['static']['timeout_pct']), pct2)} "
+            f"| {with_range(stat(rounds, lambda r: r['thumb']['per_sec']), ms)} "
+            f"| {ms(stat(rounds, lambda r: r['thumb']['p50'])[0])}/"
+            f"{with_range(stat(rounds, lambda r: r['thumb']['p99']), ms)} "
+            f"| {ms(stat(rounds, lambda r: r['static']['p50'])[0])}/"
+            f"{with_range(stat(rounds, lambda r: r['static']['p99']), ms)} "
+            f"| {acc} | {fly} | {pauses} |")
     return "\n".join(out)
+
+
+def targets(groups, capacity):
+    """The issue's targets at every overloaded load (more thumbnail clients
+    than threads), gate against Thread + reuseport, medians over rounds."""
+    by = {(g[0]["mode"], g[0]["load"]): g for g in groups}
+    loads = sorted({g[0]["load"] for g in groups if g[0]["load"] > 2})
+    out = ["| load | thumb timeouts gate / reuseport | static timeouts gate "
+           "| static p99 gate / reuseport (≤ 2×) | thumb p99 gate / reuseport "
+           "| gate thumb/s (≥ 95 % of capacity) | met |",
+           "|---|---|---|---|---|---|---|"]
+    all_met = True
+    for load in loads:
+        g, rp = by.get(("Thread + gate", load)), by.get(("Thread + reuseport", load))
+        if not g or not rp:
+            continue
+        m = lambda rounds, f: stat(rounds, f)[0]
+        gt, rt = m(g, lambda r: r["thumb"]["timeout_pct"]), m(rp, lambda r: r["thumb"]["timeout_pct"])
+        gs = m(g, lambda r: r["static"]["timeout_pct"])
+        gp, rpp = m(g, lambda r: r["static"]["p99"]), m(rp, lambda r: r["static"]["p99"])
+        gtp, rtp = m(g, lambda r: r["thumb"]["p99"]), m(rp, lambda r: r["thumb"]["p99"])
+        gr = m(g, lambda r: r["thumb"]["per_sec"])
+        met = (gt <= rt and (rt == 0 or gt == 0) and gs == 0
+               and gp <= 2 * max(rpp, 1) and gr >= 0.95 * capacity)
+        all_met &= met
+        out.append(f"| {load}x | {gt:.2f} % / {rt:.2f} % | {gs:.2f} % "
+                   f"| {gp:.0f} / {rpp:.0f} ms ({gp / max(rpp, 1):.1f}×) "
+                   f"| {gtp:.0f} / {rtp:.0f} ms | {gr:.0f} ({100 * gr / capacity:.0f} %) "
+                   f"| {'yes' if met else 'no'} |")
+    return "\n".join(out), all_met
 
 
 def plots(results):
@@ -57,8 +131,8 @@ def plots(results):
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    sim = [r for r in results if r["kind"] == "sim"]
-    modes = list(dict.fromkeys(r["mode"] for r in sim))
+    groups = [g for k, g in cells(results).items() if k[0] == "sim" and not k[1]]
+    modes = list(dict.fromkeys(g[0]["mode"] for g in groups))
     made = []
     for fname, title, key, ylabel in (
             ("fairness_timeouts.png", "Thumbnail timeouts by load",
@@ -67,9 +141,11 @@ def plots(results):
              lambda r: r["static"]["p99"] or 0, "static p99 (ms)")):
         fig, ax = plt.subplots(figsize=(7, 4))
         for m in modes:
-            rows = [r for r in sim if r["mode"] == m]
-            ax.plot([r["load"] for r in rows], [key(r) for r in rows],
-                    marker="o", label=m)
+            rows = [g for g in groups if g[0]["mode"] == m]
+            sts = [stat(g, key) for g in rows]
+            ax.errorbar([g[0]["load"] for g in rows], [st[0] for st in sts],
+                        yerr=[[st[0] - st[1] for st in sts], [st[2] - st[0] for st in sts]],
+                        marker="o", capsize=3, label=m)
         ax.set_xlabel("connections / threads")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -83,56 +159,81 @@ def plots(results):
 
 
 def write(meta, results):
-    sim = [r for r in results if r["kind"] == "sim"]
-    real = [r for r in results if r["kind"] == "real"]
+    groups = cells(results)
+    main = [g for k, g in groups.items() if k[0] == "sim" and not k[1]]
+    kept = [g for k, g in groups.items() if k[0] == "sim" and k[1]]
+    real = [g for k, g in groups.items() if k[0] == "real"]
     images = plots(results)
-    sim_to = sim[0]["timeout_ms"] if sim else 0
-    real_to = real[0]["timeout_ms"] if real else 0
+    sim_to = main[0][0]["timeout_ms"] if main else 0
+    real_to = real[0][0]["timeout_ms"] if real else 0
+    capacity = 24 * 1000 / meta["service_ms"]
+    main_targets, main_met = targets(main, capacity)
+    kept_targets, kept_met = targets(kept, capacity)
+    load = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
     parts = [
         "# Fairness across workers: the talk's timeout table, scaled",
         "",
         f"Written by `make fairness` ({'QUICK=1 smoke run' if meta['quick'] else 'full run'}, "
-        f"{meta['date']}, {meta['cpus']} CPUs, Linux {meta['kernel']}, load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in meta['load_avg'])}). Raw numbers: "
-        "`bench/out/fairness.json`.",
+        f"{meta['date']}, {meta['cpus']} CPUs, Linux {meta['kernel']}; load average "
+        f"{load(meta['load_before'])} before, {load(meta['load_avg'])} after). "
+        f"{meta['rounds']} rounds of {meta['secs']} s per cell, the modes alternating "
+        "within each round; medians, with [min–max] over the rounds where they differ. "
+        "Raw numbers: `bench/out/fairness.json`.",
         "",
         TALK,
         "## Set-up",
         "",
-        f"- Thread modes: 4 workers x 6 threads (24 threads); Direct: 24 workers, the "
+        "- Thread modes: 4 workers x 6 threads (24 threads); Direct: 24 workers, the "
         "talk's \"as many workers as threads\" (120 against 20 x 6), so that both have "
         "the same capacity.",
+        "- Thread + gate: `thread_pool_accept_gate on;` with its default marks (pause "
+        "at 12 outstanding tasks, resume at 6, from 6 threads); see the README.",
         f"- The task sleeps {meta['service_ms']} ms in `usleep` (through `ffi.C.usleep`): "
         "it simulates service time, not CPU, so that 24 busy threads fit on 2 cores. "
-        "Capacity: 24 / 50 ms = 480 tasks/s. In Direct mode the sleep blocks the event "
-        "loop, as CPU work inline would.",
+        f"Capacity: 24 / {meta['service_ms']} ms = {capacity:.0f} tasks/s. In Direct mode "
+        "the sleep blocks the event loop, as CPU work inline would.",
         "- Closed-loop client (Python asyncio): half the connections request `/task` "
-        f"back to back, half request `/static` with a {meta['service_ms']} ms pause; "
-        + ("connections are kept (HTTP/1.1 keep-alive), so a connection stays on the "
-           "worker that accepted it; " if meta.get("keepalive") else
-           "each request on a new connection (HTTP/1.0, KEEPALIVE=0), so every request "
-           "is an accept the workers compete for; ")
-        + f"a request not answered within {sim_to} ms counts as a "
-        "timeout and its connection is closed (a new one replaces it).",
-        "- Load: connections as a multiple of the thread count.",
-        "- Per worker: connections accepted (a shared-dict counter of first requests, "
-        "as % of all), tasks in flight (each worker's count in a shared dict, sampled "
-        "every 100 ms: mean and max).",
+        f"back to back, half request `/static` with a {meta['service_ms']} ms pause. "
+        f"A request not answered within {sim_to} ms counts as a timeout and its "
+        "connection is closed (a new one replaces it).",
+        "- Load: connections as a multiple of the thread count; overloaded: more "
+        "thumbnail clients than threads (above 2x).",
+        "- Per worker (from the median round): connections accepted (a shared-dict "
+        "counter of first requests, as % of all), tasks in flight (sampled every 100 ms: "
+        "mean and max), and for the gate its pauses and seconds paused "
+        "(`thread_pool_status`).",
         "",
-        "## Simulated service time",
+        "## Targets: the gate against Thread + reuseport",
         "",
-        table(sim),
+        "Every request on a new connection (each one an accept the workers compete for):",
+        "",
+        main_targets,
+        "",
+        "Keep-alive connections (a connection stays on the worker that accepted it):",
+        "",
+        kept_targets,
+        "",
+        "All targets met." if main_met and kept_met else
+        "Where a row says no, the tables below show which number missed.",
+        "",
+        "## Simulated service time, a new connection per request",
+        "",
+        table(main),
         "",
     ]
     for img in images:
         parts += [f"![{img}]({img})", ""]
     parts += [
+        "## Simulated service time, keep-alive connections",
+        "",
+        table(kept),
+        "",
         "## The real thumbnail handler (small scale)",
         "",
         "nginx-conf/thumb.lua (1200x800 original to 300x200 with a watermark, "
         "ImageMagick through nginx-conf/magick.lua): Thread modes 2 workers x 2 "
         "threads, Direct 4 workers; load as a multiple of 4; timeout "
-        f"{real_to} ms; here the work is CPU, so the 2 cores are the limit.",
+        f"{real_to} ms; one round; here the work is CPU, so the 2 cores are the limit.",
         "",
         table(real),
         "",

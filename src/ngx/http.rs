@@ -42,7 +42,12 @@ pub unsafe fn send_text(
             len: content_type.len(),
             data: content_type.as_ptr() as *mut u8,
         };
-        let b = sys::ngx_create_temp_buf((*r).pool, body.len().max(1));
+        if body.is_empty() {
+            // nginx refuses a buffer with no data (an alert): headers only.
+            (*r).set_header_only(1);
+            return sys::ngx_http_send_header(r);
+        }
+        let b = sys::ngx_create_temp_buf((*r).pool, body.len());
         let cl = sys::ngx_alloc_chain_link((*r).pool);
         if b.is_null() || cl.is_null() {
             return error;
