@@ -1,6 +1,7 @@
 /* The nginx headers bindgen reads; the tree is configured by build.rs with
  * the flags of the nginx binary that will load the module. */
 #include <ngx_config.h>
+#include <sched.h>
 #include <ngx_core.h>
 #include <ngx_event.h>
 #include <ngx_http.h>

@@ -65,10 +65,10 @@ PLANS = {
     # compete for); keep-alive cells keep it (as the talk's client did: a
     # connection stays where it was accepted, a new one only after a
     # timeout).
-    "full": dict(loads=(0.5, 1, 2, 3.3, 5, 6.7), ka_loads=(3.3, 5, 6.7), rounds=3,
+    "full": dict(loads=(0.5, 1, 2, 3.3, 5, 6.7, 10), ka_loads=(3.3, 6.7, 10), rounds=3,
                  secs=10, timeout_ms=500,
                  real_loads=(1, 3.3, 6.7), real_secs=10, real_timeout_ms=2000),
-    "quick": dict(loads=(3.3, 6.7), ka_loads=(6.7,), rounds=1, secs=3, timeout_ms=500,
+    "quick": dict(loads=(3.3, 10), ka_loads=(10,), rounds=1, secs=3, timeout_ms=500,
                   real_loads=(3.3,), real_secs=3, real_timeout_ms=2000),
 }
 

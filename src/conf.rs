@@ -17,6 +17,7 @@ use crate::conf_block;
 pub use crate::conf_error::ConfError;
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
+use crate::ngx::os::{Policy, Scheduling};
 use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
 use crate::vm::chunk::{self, Chunk, Style};
@@ -35,6 +36,8 @@ pub struct PoolConf {
     /// `thread_pool_slow_task_log`: a warn line for a task running longer
     /// (None: off).
     pub slow_task: Option<Duration>,
+    /// `thread_pool_scheduling`.
+    pub scheduling: Scheduling,
     /// From the thread_pool declaration, read at init_module.
     pub threads: usize,
     pub max_queue: usize,
@@ -93,6 +96,7 @@ impl MainConf {
             process: None,
             defined_at: cf.file_line(),
             slow_task: Some(DEFAULT_SLOW_TASK),
+            scheduling: DEFAULT_SCHEDULING,
             threads: 0,
             max_queue: 0,
         });
@@ -177,6 +181,45 @@ pub unsafe extern "C" fn set_slow_task(
                 }
             };
             main.pool_mut(cf, args[1])?.slow_task = threshold;
+            Ok(())
+        })
+    }
+}
+
+/// `thread_pool_scheduling`'s default: on a loaded machine the event loop
+/// gets the CPU first when it has work, so a static request waits less
+/// behind CPU-heavy tasks, which still get the rest of the CPU.
+const DEFAULT_SCHEDULING: Scheduling = Scheduling {
+    policy: Policy::Normal,
+    nice: 5,
+};
+
+/// The setter of `thread_pool_scheduling POOL normal | batch | idle
+/// [nice=N];`.
+///
+/// # Safety
+/// Called by nginx only, with `conf` our MainConf.
+pub unsafe extern "C" fn set_scheduling(
+    cf: *mut sys::ngx_conf_t,
+    _cmd: *mut sys::ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: forwarded from nginx.
+    unsafe {
+        setter(cf, conf, |cf, main| {
+            let args = cf.args();
+            let policy = Scheduling::parse_policy(args[2])
+                .ok_or_else(|| ConfError::BadScheduling(lossy(args[2])))?;
+            let mut nice = DEFAULT_SCHEDULING.nice;
+            if let Some(arg) = args.get(3) {
+                let arg = lossy(arg);
+                nice = arg
+                    .strip_prefix("nice=")
+                    .and_then(|n| n.parse::<i32>().ok())
+                    .filter(|n| (0..=19).contains(n))
+                    .ok_or(ConfError::BadScheduling(arg))?;
+            }
+            main.pool_mut(cf, args[1])?.scheduling = Scheduling { policy, nice };
             Ok(())
         })
     }

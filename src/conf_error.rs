@@ -15,6 +15,8 @@ pub enum ConfError {
     /// A `thread_pool_accept_gate` parameter that is not on, off, high=N
     /// or low=M, or marks out of order.
     BadGateParameter(String),
+    /// A `thread_pool_scheduling` policy or nice value out of range.
+    BadScheduling(String),
     NoMemory,
     Read {
         path: String,
@@ -50,6 +52,12 @@ impl fmt::Display for ConfError {
             }
             ConfError::BadGateParameter(p) => {
                 write!(f, "takes on | off [high=N] [low=M]: invalid \"{p}\"")
+            }
+            ConfError::BadScheduling(p) => {
+                write!(
+                    f,
+                    "takes normal | batch | idle [nice=0..19]: invalid \"{p}\""
+                )
             }
             ConfError::NoMemory => f.write_str("no memory"),
             ConfError::Read { path, err } => write!(f, "cannot read \"{path}\": {err}"),

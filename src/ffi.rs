@@ -8,11 +8,11 @@ use crate::ngx::log;
 use crate::ngx::shim::{self, ErrOut, Out, Request};
 use crate::ngx::sys;
 use crate::worker::tasks::{Release, RequestTasks, TaskId, KEEP};
-use crate::worker::{gate, with_worker, WorkerError};
+use crate::worker::{gate, with_worker, Worker, WorkerError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 5;
+pub const API_VERSION: c_int = 6;
 
 pub const OK: c_int = 0;
 pub const ERROR: c_int = -1;
@@ -86,37 +86,123 @@ pub unsafe extern "C" fn ngx_threadpool_push(
         let (Some(r), Some(task)) = (r, task) else {
             return fail(&err, "no request");
         };
-        if !r.may_yield() {
-            return BAD_CONTEXT;
-        }
-        // SAFETY: this module keeps only its RequestTasks in the slot.
-        let Some(owner) = (unsafe { r.module_ctx::<RequestTasks>() }) else {
-            return fail(&err, "no memory");
-        };
-        let rc = with_worker(|w| {
+        queue_and_wait(&r, timeout_ms, &err, |w, owner| {
             // SAFETY: owner lives in r->pool and unlinks its records when
             // that pool is destroyed.
-            let id = match unsafe { w.push(pool as usize, owner.as_ptr(), args) } {
-                Ok(id) => id,
-                Err(WorkerError::QueueFull) => return DECLINED,
-                Err(e) => return fail(&err, &e.to_string()),
-            };
+            let id = unsafe { w.push(pool as usize, owner, args) }?;
             task.set(id);
-            gate::pushed(r.connection_number());
-            // The semaphore belongs to the task record, which outlives the
-            // wait.
-            let rc = match w.tasks.sema(id) {
-                Some(sema) => shim::wait(sema, &r, timeout_ms.max(1), &err),
-                None => fail(&err, "task has no semaphore"),
-            };
-            if rc == ERROR {
-                // Not waiting after all: the task runs for no one.
+            Ok(Queued::One(id))
+        })
+    })
+}
+
+/// Queues `n` tasks, the encoded arguments of task i being the next
+/// `lens[i]` bytes of `data`, all or none, and makes the current coroutine
+/// wait until all of them are done: AGAIN with `ids[0..n]` set (the caller
+/// must yield, then take each result), otherwise as push.
+///
+/// # Safety
+/// As push; `lens` must hold `n` readable sizes adding up to `len`, `ids`
+/// `n` writable handles.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_threadpool_push_batch(
+    r: *mut sys::ngx_http_request_t,
+    pool: c_int,
+    data: *const u8,
+    len: usize,
+    lens: *const usize,
+    n: usize,
+    timeout_ms: c_int,
+    ids: *mut TaskId,
+    err: *mut u8,
+    errlen: *mut usize,
+) -> c_int {
+    no_unwind("push_batch", ERROR, || {
+        // SAFETY: the caller vouches for each (see above).
+        let (r, data, lens, ids, err) = unsafe {
+            (
+                Request::from_raw(r),
+                shim::bytes(data, len),
+                shim::items(lens, n),
+                shim::items_mut(ids, n),
+                ErrOut::new(err, errlen),
+            )
+        };
+        let (Some(r), Some(ids)) = (r, ids) else {
+            return fail(&err, "no request");
+        };
+        if n == 0 || lens.iter().sum::<usize>() != data.len() {
+            return fail(&err, "bad batch");
+        }
+        let mut rest = data;
+        let payloads = lens.iter().map(|&l| {
+            let (one, more) = rest.split_at(l);
+            rest = more;
+            one
+        });
+        queue_and_wait(&r, timeout_ms, &err, |w, owner| {
+            // SAFETY: as in push.
+            let queued = unsafe { w.push_batch(pool as usize, owner, payloads) }?;
+            ids.copy_from_slice(&queued);
+            Ok(Queued::Batch(queued))
+        })
+    })
+}
+
+/// The tasks a push queued; the first one's semaphore is the one to wait
+/// on.
+enum Queued {
+    One(TaskId),
+    Batch(Vec<TaskId>),
+}
+
+impl Queued {
+    fn ids(&self) -> &[TaskId] {
+        match self {
+            Queued::One(id) => std::slice::from_ref(id),
+            Queued::Batch(ids) => ids,
+        }
+    }
+}
+
+/// What push and push_batch share: `queue` queues the tasks of `r`, then
+/// the coroutine waits.
+fn queue_and_wait(
+    r: &Request,
+    timeout_ms: c_int,
+    err: &ErrOut,
+    queue: impl FnOnce(&mut Worker, *mut RequestTasks) -> Result<Queued, WorkerError>,
+) -> c_int {
+    if !r.may_yield() {
+        return BAD_CONTEXT;
+    }
+    // SAFETY: this module keeps only its RequestTasks in the slot.
+    let Some(owner) = (unsafe { r.module_ctx::<RequestTasks>() }) else {
+        return fail(err, "no memory");
+    };
+    let rc = with_worker(|w| {
+        let queued = match queue(w, owner.as_ptr()) {
+            Ok(q) => q,
+            Err(WorkerError::QueueFull) => return DECLINED,
+            Err(e) => return fail(err, &e.to_string()),
+        };
+        gate::pushed(r.connection_number());
+        // The semaphore belongs to the task record, which outlives the
+        // wait.
+        let ids = queued.ids();
+        let rc = match w.tasks.sema(ids[0]) {
+            Some(sema) => shim::wait(sema, r, timeout_ms.max(1), err),
+            None => fail(err, "task has no semaphore"),
+        };
+        if rc == ERROR {
+            // Not waiting after all: the tasks run for no one.
+            for &id in ids {
                 w.tasks.release(id, Release::NotWaiting);
             }
-            rc
-        });
-        rc.unwrap_or_else(|| fail(&err, "not in a worker process"))
-    })
+        }
+        rc
+    });
+    rc.unwrap_or_else(|| fail(err, "not in a worker process"))
 }
 
 /// The result of a finished task, and the task's end: OK (values) or

@@ -42,7 +42,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 11] = [
+static mut COMMANDS: [sys::ngx_command_t; 12] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -89,6 +89,12 @@ static mut COMMANDS: [sys::ngx_command_t; 11] = [
         ngx_string(c"thread_pool_slow_task_log"),
         TAKE2_MAIN,
         conf::set_slow_task,
+        0,
+    ),
+    command(
+        ngx_string(c"thread_pool_scheduling"),
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
+        conf::set_scheduling,
         0,
     ),
     command(
@@ -251,6 +257,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     threads: p.threads,
                     max_queue: p.max_queue,
                     slow_task: p.slow_task,
+                    scheduling: p.scheduling,
                 })
             })
             .collect();

@@ -248,3 +248,27 @@ fn reload_and_quit_while_paused() {
     );
     g.ngx.assert_clean_log();
 }
+
+#[test]
+fn marks_are_checked_by_nginx_t() {
+    let pool = "thread_pool p threads=1;";
+    let handler = "thread_pool_process_by_lua p \"return ...\";";
+    for (gate, expect) in [
+        ("on high=3 low=3", "invalid \"low=3 is not below high=3\""),
+        ("on high=0", "invalid \"high=0\""),
+        ("maybe", "invalid \"maybe\""),
+    ] {
+        let http = format!("thread_pool_accept_gate {gate};\n{handler}");
+        let out = nginx_test(pool, &http, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("\"thread_pool_accept_gate\" directive takes on | off [high=N] [low=M]")
+                && err.contains(expect),
+            "{gate}: {err}"
+        );
+    }
+    for gate in ["off", "on", "on high=20 low=5"] {
+        let http = format!("thread_pool_accept_gate {gate};\n{handler}");
+        assert!(nginx_test(pool, &http, &[]).status.success(), "{gate}");
+    }
+}

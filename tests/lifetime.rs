@@ -1,4 +1,4 @@
-//! A request (or timer) that goes away while its task is in flight: the
+//! A request (or timer) that goes away while its task (or batch) is in flight: the
 //! task record must outlive it, the late result must be dropped, and nothing
 //! may crash or leak.
 //!
@@ -113,6 +113,37 @@ const LOCATIONS: &str = r#"
                 end
                 local res, err = tp.slow_pool:push_task(0, "after kill")
                 ngx.say(res or err)
+            }
+        }
+
+        # (e) As (a), with a batch of two tasks (push_tasks).
+        location = /abort_batch {
+            lua_check_client_abort on;
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local payload = string.rep("x", 65536)
+                local ms = tonumber(ngx.var.arg_ms)
+                ngx.say("pushed")
+                ngx.flush(true)
+                local res, err = tp.slow_pool:push_tasks({ { ms, payload }, { ms, payload } })
+                ngx.log(ngx.INFO, "DELIVERED ", res and #res[1][2] or err)
+                ngx.say(res and #res or err)
+            }
+        }
+
+        # (f) As (d), with a batch whose tasks end one before, one after the
+        # timeout.
+        location = /timeout_batch {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local payload = string.rep("x", 65536)
+                local ms = tonumber(ngx.var.arg_ms)
+                local res, err = tp.slow_pool:push_tasks_timeout(0.005,
+                    { { 0, payload }, { ms, payload } })
+                if res then
+                    ngx.log(ngx.INFO, "DELIVERED ", #res)
+                end
+                ngx.say(res and "late" or err)
             }
         }
 
@@ -309,7 +340,30 @@ fn timeout_then_request_ends_before_result() {
     assert_eq!(count(&n, "DELIVERED"), 0, "a timed-out task was delivered");
 }
 
-/// Scenarios (a) to (d) once in nginx run by valgrind's memcheck (`make
+#[test]
+fn client_abort_during_a_batch() {
+    let n = start();
+    measure(&n, 2 * PER_ROUND, || {
+        abort_requests(&n, "/abort_batch", TASK_MS, PER_ROUND)
+    });
+    let delivered = count(&n, "DELIVERED");
+    let total = (ROUNDS + 1) * PER_ROUND;
+    assert!(
+        delivered <= total / 10,
+        "{delivered} of {total} batches were delivered: the aborts did not end the requests"
+    );
+}
+
+#[test]
+fn batch_timeout_then_request_ends_before_results() {
+    let n = start();
+    measure(&n, 2 * PER_ROUND, || {
+        early_end_requests(&n, "/timeout_batch", "timeout\n", TASK_MS, PER_ROUND)
+    });
+    assert_eq!(count(&n, "DELIVERED"), 0, "a timed-out batch was delivered");
+}
+
+/// Scenarios (a) to (f) once in nginx run by valgrind's memcheck (`make
 /// valgrind`; not part of `make test`: it takes up to a minute). nginx runs
 /// as a single process, so the process valgrind watches is the one whose
 /// requests end under their tasks; after the requests it quits and valgrind
@@ -345,9 +399,11 @@ fn abort_scenarios_under_valgrind() {
     early_end_requests(&n, "/exit_thread", "exiting\n", MS, COUNT);
     early_end_requests(&n, "/kill_thread", "after kill\n", MS, COUNT);
     early_end_requests(&n, "/timeout", "timeout\n", MS, COUNT);
+    abort_requests(&n, "/abort_batch", MS, COUNT);
+    early_end_requests(&n, "/timeout_batch", "timeout\n", MS, COUNT);
     // Quit only when idle: a single process exits at once on QUIT, and a
     // request still open then would show as nginx's leak, not ours.
-    let tasks = 6 * COUNT;
+    let tasks = 10 * COUNT;
     let idle = eventually(Duration::from_secs(120), || {
         count(&n, "TASK-END") == tasks && count(&n, "DELIVERED") >= COUNT
     });

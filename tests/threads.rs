@@ -1,7 +1,8 @@
 //! What the module promises about its threads and records, read from the
 //! outside: pool threads block asynchronous signals (so nginx's QUIT, HUP
 //! and friends reach the event loop), run at nice +5 relative to the
-//! worker, and the records of abandoned tasks are reclaimed.
+//! worker or as `thread_pool_scheduling` says, and the records of abandoned
+//! tasks are reclaimed.
 
 mod common;
 
@@ -31,12 +32,26 @@ fn mask(task: &std::path::Path, field: &str) -> u64 {
     u64::from_str_radix(line[field.len()..].trim(), 16).unwrap()
 }
 
-/// The nice value, field 19 of /proc/.../stat (after the `(comm)` field,
-/// which may contain spaces).
-fn nice(task: &std::path::Path) -> i64 {
+/// Field `n` (1-based, as proc(5) numbers them, n > 2) of /proc/.../stat,
+/// counted after the `(comm)` field, which may contain spaces.
+fn stat_field(task: &std::path::Path, n: usize) -> i64 {
     let stat = std::fs::read_to_string(task.join("stat")).unwrap();
     let after = &stat[stat.rfind(')').unwrap() + 2..];
-    after.split_whitespace().nth(16).unwrap().parse().unwrap()
+    after
+        .split_whitespace()
+        .nth(n - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn nice(task: &std::path::Path) -> i64 {
+    stat_field(task, 19)
+}
+
+/// The scheduling policy (SCHED_OTHER 0, SCHED_BATCH 3, SCHED_IDLE 5).
+fn policy(task: &std::path::Path) -> i64 {
+    stat_field(task, 41)
 }
 
 fn bit(sig: u32) -> u64 {
@@ -70,9 +85,56 @@ fn pool_threads_block_async_signals_and_run_at_lower_priority() {
             assert_eq!(blocked & bit(sig), 0, "signal {sig} blocked in {t:?}");
         }
         assert_eq!(nice(t), nice(&main) + 5, "nice of {t:?}");
+        assert_eq!(policy(t), 0, "policy of {t:?}");
     }
     // the event loop itself takes them
     assert_eq!(mask(&main, "SigBlk:") & bit(quit), 0);
+}
+
+#[test]
+fn thread_pool_scheduling_sets_policy_and_nice() {
+    let ngx = Nginx::start(
+        "thread_pool b threads=1;\nthread_pool i threads=1;\nthread_pool n threads=1;",
+        r#"thread_pool_process_by_lua b "return ...";
+        thread_pool_process_by_lua i "return ...";
+        thread_pool_process_by_lua n "return ...";
+        thread_pool_scheduling b batch nice=2;
+        thread_pool_scheduling i idle;
+        thread_pool_scheduling n normal nice=0;
+        server { listen 127.0.0.1:$PORT; location / { return 200; } }"#,
+    );
+    let worker = ngx.workers()[0];
+    let main = std::path::PathBuf::from(format!("/proc/{worker}/task/{worker}"));
+    eventually(Duration::from_secs(5), || {
+        ["b", "i", "n"]
+            .iter()
+            .all(|p| pool_threads(worker, p).len() == 1)
+    });
+    for (pool, want_policy, want_nice) in [("b", 3, 2), ("i", 5, 5), ("n", 0, 0)] {
+        let t = &pool_threads(worker, pool)[0];
+        assert_eq!(policy(t), want_policy, "policy of pool {pool}");
+        assert_eq!(nice(t) - nice(&main), want_nice, "nice of pool {pool}");
+    }
+    assert!(ngx
+        .error_log()
+        .contains("thread pool \"b\": 1 threads, queue bound 65536, batch nice=2"));
+    for (args, bad) in [
+        ("fast", "fast"),
+        ("batch nice=20", "nice=20"),
+        ("idle 3", "3"),
+    ] {
+        let http = format!(
+            "thread_pool_process_by_lua p \"return ...\";\nthread_pool_scheduling p {args};"
+        );
+        let out = nginx_test("thread_pool p threads=1;", &http, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "\"thread_pool_scheduling\" directive takes normal | batch | idle [nice=0..19]: invalid \"{bad}\""
+            )),
+            "{args}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -26,6 +26,7 @@ local pcall = pcall
 local rawset = rawset
 local select = select
 local setmetatable = setmetatable
+local unpack = unpack
 local tonumber = tonumber
 local type = type
 local floor = math.floor
@@ -36,6 +37,9 @@ int ngx_threadpool_pool_id(const unsigned char *name, size_t len);
 int ngx_threadpool_push(ngx_http_request_t *r, int pool,
     const unsigned char *data, size_t len, int timeout_ms, uint64_t *task,
     unsigned char *err, size_t *errlen);
+int ngx_threadpool_push_batch(ngx_http_request_t *r, int pool,
+    const unsigned char *data, size_t len, const size_t *lens, size_t n,
+    int timeout_ms, uint64_t *ids, unsigned char *err, size_t *errlen);
 int ngx_threadpool_result(uint64_t task, const unsigned char **data,
     size_t *len);
 void ngx_threadpool_release(uint64_t task);
@@ -45,7 +49,7 @@ int ngx_threadpool_post(int pool, const unsigned char *data, size_t len,
     unsigned char *err, size_t *errlen);
 ]]
 
-local API_VERSION = 5
+local API_VERSION = 6
 -- Payloads larger than this are freed as soon as they are used (smaller
 -- buffers are reused: fresh pages cost more than the copies). From this
 -- size the C library maps a block on its own anyway (ngx/os.rs).
@@ -107,10 +111,21 @@ local function done_with_result(...)
     return ...
 end
 
-local function bad_context()
-    error("push_task: API disabled in the context of " .. get_phase()
+local function bad_context(api)
+    error(api .. ": API disabled in the context of " .. get_phase()
           .. " (use it in rewrite, access, content or timer, "
           .. "or an ngx.thread of those)", 3)
+end
+
+-- What a push that queued nothing returns (or raises, out of context).
+local function refused(rc, api)
+    if rc == FFI_DECLINED then
+        return nil, "queue full"
+    end
+    if rc == FFI_BAD_CONTEXT then
+        bad_context(api)
+    end
+    return nil, ffi_str(err_buf, err_len[0])
 end
 
 -- The arguments encoded in args_buf: its pointer and length, or nil and
@@ -134,7 +149,7 @@ end
 local function push(pool, ms, ...)
     local r = get_request()
     if not r then
-        bad_context()
+        bad_context("push_task")
     end
 
     local p, len = encode_args(...)
@@ -167,13 +182,91 @@ local function push(pool, ms, ...)
         end
         return done_with_result(results(rc, decode_results(data_out[0], len)))
     end
-    if rc == FFI_DECLINED then
-        return nil, "queue full"
+    return refused(rc, "push_task")
+end
+
+-- results[i] of push_tasks: { true, values... } or { false, err }, with
+-- n set, so that nil values unpack in place.
+local function batch_entry(rc, ok, ...)
+    if not ok or rc == FFI_DECLINED then
+        return { false, (...), n = 2 }
     end
-    if rc == FFI_BAD_CONTEXT then
-        bad_context()
+    local t = { true, ... }
+    t.n = select("#", ...) + 1
+    return t
+end
+
+local lens_buf = ffi_new("size_t[?]", 64)
+local lens_cap = 64
+
+local function push_batch(pool, ms, list)
+    local r = get_request()
+    if not r then
+        bad_context("push_tasks")
     end
-    return nil, ffi_str(err_buf, err_len[0])
+    if type(list) ~= "table" then
+        error("bad list: expected a table of argument tables", 3)
+    end
+    local n = #list
+    if n == 0 then
+        return {}
+    end
+    if n > lens_cap then
+        lens_cap = n
+        lens_buf = ffi_new("size_t[?]", n)
+    end
+
+    args_buf:reset()
+    local before = 0
+    for i = 1, n do
+        local args = list[i]
+        if type(args) ~= "table" then
+            return nil, "task " .. i .. ": expected a table of arguments"
+        end
+        local count = args.n or #args
+        local ok, err = encode(args_buf, "argument", count, unpack(args, 1, count))
+        if not ok then
+            return nil, "task " .. i .. ": " .. err
+        end
+        local size = #args_buf
+        lens_buf[i - 1] = size - before
+        before = size
+    end
+    local p, len = args_buf:ref()
+
+    -- Per call: the handles must outlive the yield, during which other
+    -- requests push.
+    local ids = ffi_new("uint64_t[?]", n)
+    err_len[0] = ERR_BUF_SIZE
+    local rc = C.ngx_threadpool_push_batch(r, pool.id, p, len, lens_buf, n, ms,
+                                           ids, err_buf, err_len)
+    done_with_args(len)
+    if rc == FFI_AGAIN or rc == FFI_OK then
+        if rc == FFI_AGAIN then
+            local woke, werr = co_yield()
+            if not woke then
+                for i = 0, n - 1 do
+                    C.ngx_threadpool_release(ids[i])
+                end
+                return nil, werr
+            end
+        end
+        local out = new_tab(n, 0)
+        for i = 0, n - 1 do
+            rc = C.ngx_threadpool_result(ids[i], data_out, len_out)
+            if rc == FFI_ERROR then
+                out[i + 1] = { false, "no result", n = 2 }
+            else
+                local size = tonumber(len_out[0])
+                out[i + 1] = batch_entry(rc, decode_results(data_out[0], size))
+                if size > LARGE_PAYLOAD then
+                    C.ngx_threadpool_result_done()
+                end
+            end
+        end
+        return out
+    end
+    return refused(rc, "push_tasks")
 end
 
 -- The counters of worker/stats.rs, in its order, then two histograms of
@@ -216,6 +309,21 @@ end
 function Pool.push_task_timeout(self, seconds, ...)
     check_self(self, "push_task_timeout")
     return push(self, timeout_ms(seconds), ...)
+end
+
+-- Runs one task per entry of list, an array of argument arrays, with one
+-- yield for all of them: an array of { true, values... } or { false, err }
+-- in the order of list, or nil and an error when nothing was queued
+-- ("queue full" if they do not all fit).
+function Pool.push_tasks(self, list)
+    check_self(self, "push_tasks")
+    return push_batch(self, self.timeout_ms, list)
+end
+
+-- As push_tasks, with a timeout in seconds for the whole batch.
+function Pool.push_tasks_timeout(self, seconds, list)
+    check_self(self, "push_tasks_timeout")
+    return push_batch(self, timeout_ms(seconds), list)
 end
 
 -- Sets the default timeout in seconds of push_task on this pool, in this

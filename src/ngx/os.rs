@@ -18,16 +18,74 @@ pub fn block_async_signals() {
     }
 }
 
-/// Raises the calling thread's nice value by `by` (Linux schedules threads
-/// individually, so this leaves the event loop's priority alone).
-pub fn lower_priority(by: i32) {
-    // SAFETY: get/setpriority on the calling thread's own id; failure only
-    // leaves the priority as it was.
-    unsafe {
-        let tid = sys::gettid() as sys::id_t;
-        let now = sys::getpriority(sys::__priority_which_PRIO_PROCESS, tid);
-        sys::setpriority(sys::__priority_which_PRIO_PROCESS, tid, now + by);
+/// Linux's scheduling policies for a thread that must not delay the event
+/// loop (sched(7)).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// SCHED_OTHER, the event loop's own.
+    Normal,
+    /// SCHED_BATCH: as Normal, but never preempts a running thread on
+    /// waking up.
+    Batch,
+    /// SCHED_IDLE: runs only when no other thread of the CPU wants it.
+    Idle,
+}
+
+/// A pool thread's policy, and how much higher than the worker's its nice
+/// value is (ignored by SCHED_IDLE).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scheduling {
+    pub policy: Policy,
+    pub nice: i32,
+}
+
+impl Scheduling {
+    /// The directive's words: normal, batch, idle.
+    pub fn parse_policy(word: &[u8]) -> Option<Policy> {
+        match word {
+            b"normal" => Some(Policy::Normal),
+            b"batch" => Some(Policy::Batch),
+            b"idle" => Some(Policy::Idle),
+            _ => None,
+        }
     }
+}
+
+impl std::fmt::Display for Scheduling {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let policy = match self.policy {
+            Policy::Normal => "normal",
+            Policy::Batch => "batch",
+            Policy::Idle => "idle",
+        };
+        write!(f, "{policy} nice={}", self.nice)
+    }
+}
+
+/// Applies `s` to the calling thread (Linux schedules threads
+/// individually, so this leaves the event loop alone). Failure leaves the
+/// thread as it was and is returned.
+pub fn set_scheduling(s: Scheduling) -> std::io::Result<()> {
+    let policy = match s.policy {
+        Policy::Normal => sys::SCHED_OTHER,
+        Policy::Batch => sys::SCHED_BATCH,
+        Policy::Idle => sys::SCHED_IDLE,
+    };
+    // SAFETY: system calls on the calling thread's own id, with a
+    // sched_param that outlives the call.
+    unsafe {
+        let tid = sys::gettid();
+        let param = sys::sched_param { sched_priority: 0 };
+        if sys::sched_setscheduler(tid, policy as std::ffi::c_int, &param) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let id = tid as sys::id_t;
+        let now = sys::getpriority(sys::__priority_which_PRIO_PROCESS, id);
+        if sys::setpriority(sys::__priority_which_PRIO_PROCESS, id, now + s.nice) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 extern "C" {

@@ -108,6 +108,28 @@ impl<T> Out<T> {
     }
 }
 
+/// `n` values at `p` (an empty slice for a null pointer).
+///
+/// # Safety
+/// `p` must be null or point to `n` readable values that stay put for `'a`.
+pub unsafe fn items<'a, T>(p: *const T, n: usize) -> &'a [T] {
+    if p.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { std::slice::from_raw_parts(p, n) }
+}
+
+/// `n` writable values at `p`; None for a null pointer.
+///
+/// # Safety
+/// `p` must be null or point to `n` writable values, not otherwise used
+/// during `'a`.
+pub unsafe fn items_mut<'a, T>(p: *mut T, n: usize) -> Option<&'a mut [T]> {
+    // SAFETY: forwarded from the caller.
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(p, n) })
+}
+
 /// `len` bytes at `data` (an empty slice for a null pointer).
 ///
 /// # Safety

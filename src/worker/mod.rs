@@ -17,6 +17,7 @@ pub use error::WorkerError;
 use stats::PoolStats;
 
 use crate::ngx::log;
+use crate::ngx::os::Scheduling;
 use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
@@ -60,6 +61,7 @@ pub struct PoolSetup {
     pub max_queue: usize,
     /// Tasks running longer than this get a warn line (None: never).
     pub slow_task: Option<Duration>,
+    pub scheduling: Scheduling,
 }
 
 thread_local! {
@@ -92,6 +94,7 @@ impl Worker {
                 threads,
                 max_queue,
                 slow_task,
+                scheduling,
             } = setup;
             let (tx, rx) = unbounded::<Job>();
             // Without the shared table (one process, no http block), this
@@ -113,18 +116,18 @@ impl Worker {
                         running: running.clone(),
                     });
                 }
-                let watch = threads::Watch { running, epoch };
-                let (thread_spec, rx, done, stopping, stats) = (
-                    spec.clone(),
-                    rx.clone(),
-                    done_tx.clone(),
-                    stopping.clone(),
+                let setup = threads::ThreadSetup {
+                    index: i,
+                    stopping: stopping.clone(),
                     stats,
-                );
+                    watch: threads::Watch { running, epoch },
+                    scheduling,
+                };
+                let (thread_spec, rx, done) = (spec.clone(), rx.clone(), done_tx.clone());
                 let handle = std::thread::Builder::new()
                     .name(format!("tp {}", spec.pool))
                     .stack_size(THREAD_STACK_SIZE)
-                    .spawn(move || thread_main(thread_spec, i, rx, done, stopping, stats, watch))
+                    .spawn(move || thread_main(thread_spec, rx, done, setup))
                     .map_err(|err| WorkerError::ThreadSpawn {
                         pool: spec.pool.clone(),
                         err,
@@ -134,7 +137,7 @@ impl Worker {
             log::message(
                 log::NGX_LOG_NOTICE,
                 format_args!(
-                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}",
+                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {scheduling}",
                     spec.pool
                 ),
             );
@@ -188,6 +191,43 @@ impl Worker {
     ) -> Result<TaskId, WorkerError> {
         // SAFETY: forwarded from the caller.
         unsafe { self.enqueue(pool, Some(owner), args) }
+    }
+
+    /// Queues one task per payload for pool `pool`, all or none: QueueFull
+    /// if they do not all fit. The first task's semaphore is posted once
+    /// every one of them is done.
+    ///
+    /// # Safety
+    /// As push.
+    pub unsafe fn push_batch<'a>(
+        &mut self,
+        pool: usize,
+        owner: *mut RequestTasks,
+        payloads: impl ExactSizeIterator<Item = &'a [u8]>,
+    ) -> Result<Vec<TaskId>, WorkerError> {
+        let p = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
+        let queued = p.jobs.as_ref().ok_or(WorkerError::Stopped)?.len();
+        if queued + payloads.len() > p.max_queue {
+            p.stats
+                .rejected
+                .fetch_add(payloads.len() as u64, Ordering::Relaxed);
+            return Err(WorkerError::QueueFull);
+        }
+        let mut ids = Vec::with_capacity(payloads.len());
+        for args in payloads {
+            // SAFETY: forwarded from the caller.
+            match unsafe { self.enqueue(pool, Some(owner), args) } {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    for id in ids {
+                        self.tasks.release(id, Release::NotWaiting);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.tasks.group(&ids);
+        Ok(ids)
     }
 
     /// Queues a task whose result nobody takes (post_task).

@@ -54,6 +54,12 @@ struct Slot {
     pool: u32,
     /// The request's task list this record is on (NONE when on none).
     owner: *mut RequestTasks,
+    /// In a batch (push_tasks): the record whose semaphore the caller
+    /// waits on, posted when the last task of the batch is done (NONE for
+    /// a single task, or once the record was let go of).
+    leader: u32,
+    /// On a batch's leader: its tasks not done yet.
+    waiting: u32,
     prev: u32,
     next: u32,
 }
@@ -143,6 +149,8 @@ impl Tasks {
                     result: Vec::new(),
                     failed: false,
                     owner: std::ptr::null_mut(),
+                    leader: NONE,
+                    waiting: 0,
                     pool: 0,
                     prev: NONE,
                     next: NONE,
@@ -173,6 +181,19 @@ impl Tasks {
         self.slots
             .get(index as usize)
             .filter(|s| s.gen == gen && s.state != State::Free)
+    }
+
+    /// Makes the Running records `ids` one batch: the first one's
+    /// semaphore is posted once all of them are done.
+    pub fn group(&mut self, ids: &[TaskId]) {
+        let Some(&first) = ids.first() else {
+            return;
+        };
+        let leader = split(first).1;
+        for &id in ids {
+            self.slots[split(id).1 as usize].leader = leader;
+        }
+        self.slots[leader as usize].waiting = ids.len() as u32;
     }
 
     pub fn sema(&self, id: TaskId) -> Option<&Sema> {
@@ -207,6 +228,19 @@ impl Tasks {
                 let old = std::mem::replace(&mut slot.result, payload);
                 slot.failed = failed;
                 slot.state = State::Done;
+                let leader = slot.leader;
+                let wake = if leader == NONE {
+                    index
+                } else {
+                    let l = &mut self.slots[leader as usize];
+                    l.waiting -= 1;
+                    if l.waiting > 0 {
+                        log::debug(format_args!("task {id:#x} done, in a batch"));
+                        return Some(old);
+                    }
+                    leader
+                };
+                let slot = &mut self.slots[wake as usize];
                 if let Some(sema) = &slot.sema {
                     sema.post();
                     slot.sema_posted = true;
@@ -243,7 +277,11 @@ impl Tasks {
                     }
                 }
                 self.unlink(index);
-                self.slots[index as usize].state = State::Abandoned;
+                let slot = &mut self.slots[index as usize];
+                slot.state = State::Abandoned;
+                // A batch is let go of whole: its leader may be freed
+                // before this task completes.
+                slot.leader = NONE;
                 None
             }
             State::Done => Some(self.release_index(index)),
@@ -260,6 +298,8 @@ impl Tasks {
             slot.sema_posted = false;
         }
         slot.state = State::Free;
+        slot.leader = NONE;
+        slot.waiting = 0;
         slot.gen = (slot.gen.wrapping_add(1) & GEN_MASK).max(1);
         self.free.push(index);
         std::mem::take(&mut slot.result)

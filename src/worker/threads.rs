@@ -5,7 +5,8 @@ use super::stats::PoolStats;
 use super::tasks::{TaskId, LARGE, POSTED};
 use super::watchdog::Running;
 use crate::codec;
-use crate::ngx::{guard, log, notify, os};
+use crate::ngx::os::{self, Scheduling};
+use crate::ngx::{guard, log, notify};
 use crate::vm::{self, Outcome, Spec, ThreadVm};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +25,16 @@ pub struct Job {
     pub queued_at: Instant,
 }
 
+/// What a thread is given besides its pool's spec and channels.
+pub struct ThreadSetup {
+    pub index: usize,
+    /// Set at exit: drop queued jobs instead of running them.
+    pub stopping: Arc<AtomicBool>,
+    pub stats: &'static PoolStats,
+    pub watch: Watch,
+    pub scheduling: Scheduling,
+}
+
 /// What a thread tells the watchdog of slow tasks.
 pub struct Watch {
     pub running: Arc<Running>,
@@ -39,15 +50,18 @@ pub struct Completion {
 
 pub(super) fn thread_main(
     spec: Spec,
-    index: usize,
     jobs: Receiver<Job>,
     done: Sender<Completion>,
-    stopping: Arc<AtomicBool>,
-    stats: &'static PoolStats,
-    watch: Watch,
+    setup: ThreadSetup,
 ) {
+    let ThreadSetup {
+        index,
+        stopping,
+        stats,
+        watch,
+        scheduling,
+    } = setup;
     os::block_async_signals();
-    os::lower_priority(PRIORITY_DROP);
     let pool = &spec.pool;
     // nginx's own thread pools log from their threads the same way.
     let report = |level, args: std::fmt::Arguments| match spec.log {
@@ -70,7 +84,16 @@ pub(super) fn thread_main(
                 format!("thread pool \"{pool}\" is not usable: {e}")
             })
     };
+    if let Err(e) = os::set_scheduling(scheduling) {
+        report(
+            log::NGX_LOG_WARN,
+            format_args!(
+                "thread pool \"{pool}\" thread #{index}: cannot set scheduling {scheduling}: {e}"
+            ),
+        );
+    }
     let mut vm = build();
+    let mut spin = Spin::default();
     // Payload bytes handled since the thread last gave memory back.
     let mut handled = 0;
     // Failures of posted tasks since the last line about them, and when.
@@ -83,7 +106,7 @@ pub(super) fn thread_main(
         os::give_back_free_memory();
     };
     loop {
-        let mut job = match next_job(&jobs, handled >= LARGE) {
+        let mut job = match next_job(&jobs, handled >= LARGE, &mut spin) {
             Next::Job(job) => job,
             Next::Idle => {
                 give_back(&vm);
@@ -177,17 +200,45 @@ pub(super) fn thread_main(
 /// How often a thread logs the failures of posted tasks.
 const POSTED_LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// How much lower than the event loop pool threads run (nice). On a loaded
-/// machine the event loop then gets the CPU first when it has work: a
-/// static request waits less behind CPU-heavy tasks, which still get the
-/// rest of the CPU.
-const PRIORITY_DROP: i32 = 5;
-
-/// How long a thread that ran out of jobs polls before it parks. When tasks
-/// come back to back (one caller pushing in a loop), the next one arrives
-/// within microseconds: polling saves the futex wake-up on both sides, which
-/// `make bench` measured at 1.6x the round trips per second at concurrency 1.
+/// The longest a thread that ran out of jobs polls before it parks. When
+/// tasks come back to back (one caller pushing in a loop), the next one
+/// arrives within microseconds: polling saves the futex wake-up on both
+/// sides, which `make bench` measured at 1.6x the round trips per second at
+/// concurrency 1.
 const SPIN: Duration = Duration::from_micros(50);
+
+/// The poll before parking, adapted to how long this thread has been
+/// waiting for its jobs: twice the recent wait when that is under SPIN,
+/// else none. Jobs that come back to back are caught without a wake-up;
+/// jobs that come seldom cost no polling at all (a poll that finds nothing
+/// burns a core the event loop may need).
+struct Spin {
+    /// Moving average of the waits, in nanoseconds (weight 1/8).
+    wait_ns: u64,
+}
+
+impl Default for Spin {
+    fn default() -> Spin {
+        Spin {
+            wait_ns: SPIN.as_nanos() as u64 / 4,
+        }
+    }
+}
+
+impl Spin {
+    fn budget(&self) -> Duration {
+        let spin = SPIN.as_nanos() as u64;
+        if self.wait_ns >= spin {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos((2 * self.wait_ns).min(spin))
+    }
+
+    fn observe(&mut self, waited: Duration) {
+        let w = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.wait_ns = self.wait_ns - self.wait_ns / 8 + w / 8;
+    }
+}
 
 /// How long a thread that handled large payloads waits for the next job
 /// before it gives their memory back: long enough that a steady stream of
@@ -203,22 +254,58 @@ enum Next {
 }
 
 /// The next job; with `idle_after`, Idle once no job came for IDLE.
-fn next_job(jobs: &Receiver<Job>, idle_after: bool) -> Next {
+fn next_job(jobs: &Receiver<Job>, idle_after: bool, spin: &mut Spin) -> Next {
     let start = Instant::now();
+    let budget = spin.budget();
     loop {
         match jobs.try_recv() {
-            Ok(job) => return Next::Job(job),
+            Ok(job) => {
+                spin.observe(start.elapsed());
+                return Next::Job(job);
+            }
             Err(TryRecvError::Disconnected) => return Next::Closed,
-            Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::hint::spin_loop(),
+            Err(TryRecvError::Empty) if start.elapsed() < budget => std::hint::spin_loop(),
             Err(TryRecvError::Empty) => break,
         }
     }
-    if idle_after {
-        return match jobs.recv_timeout(IDLE) {
+    let next = if idle_after {
+        match jobs.recv_timeout(IDLE) {
             Ok(job) => Next::Job(job),
             Err(RecvTimeoutError::Disconnected) => Next::Closed,
             Err(RecvTimeoutError::Timeout) => Next::Idle,
-        };
+        }
+    } else {
+        jobs.recv().map_or(Next::Closed, Next::Job)
+    };
+    spin.observe(start.elapsed());
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_follows_the_waits() {
+        let mut spin = Spin::default();
+        assert!(spin.budget() > Duration::ZERO);
+        // jobs that come seldom: no polling
+        for _ in 0..40 {
+            spin.observe(Duration::from_millis(2));
+        }
+        assert_eq!(spin.budget(), Duration::ZERO);
+        // back to back again: polling comes back, bounded by SPIN
+        for _ in 0..60 {
+            spin.observe(Duration::from_micros(5));
+        }
+        let b = spin.budget();
+        assert!(
+            b > Duration::ZERO && b <= Duration::from_micros(20),
+            "{b:?}"
+        );
+        for _ in 0..60 {
+            spin.observe(Duration::from_micros(40));
+        }
+        assert_eq!(spin.budget(), SPIN);
     }
-    jobs.recv().map_or(Next::Closed, Next::Job)
 }

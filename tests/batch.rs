@@ -1,0 +1,175 @@
+//! `pool:push_tasks(list)` and `push_tasks_timeout`: many tasks queued
+//! with one call and one yield; each result in the order of the list, as
+//! `{ true, values... }` or `{ false, err }`; nothing queued on a full
+//! queue or a bad value.
+
+mod common;
+
+use common::*;
+
+const HTTP: &str = r#"
+    thread_pool_process_by_lua_block work {
+        local ffi = require "ffi"
+        ffi.cdef "int usleep(unsigned int usec);"
+        return function(op, x)
+            if op == "err" then error("boom " .. tostring(x), 0) end
+            if op == "multi" then return 1, nil, 3 end
+            if op == "sleep" then ffi.C.usleep(x * 1e6) return "slept" end
+            if op == "square" then return x * x end
+            return op
+        end
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        default_type text/plain;
+        location /run {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local list = assert(loadstring("return " .. ngx.unescape_uri(ngx.var.arg_list)))()
+                local res, err
+                if ngx.var.arg_timeout then
+                    res, err = tp[ngx.var.arg_pool or "work"]:push_tasks_timeout(
+                        tonumber(ngx.var.arg_timeout), list)
+                else
+                    res, err = tp[ngx.var.arg_pool or "work"]:push_tasks(list)
+                end
+                if not res then
+                    ngx.print("nil ", err)
+                    return
+                end
+                local out = {}
+                for i, r in ipairs(res) do
+                    local vals = {}
+                    for k = 1, r.n do vals[k] = tostring(r[k]) end
+                    out[i] = "{" .. table.concat(vals, ",") .. "}"
+                end
+                ngx.print(#res, " ", table.concat(out, " "))
+            }
+        }
+        location /squares {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local n = tonumber(ngx.var.arg_n)
+                local list = {}
+                for i = 1, n do list[i] = { "square", i } end
+                local res = assert(tp.work:push_tasks(list))
+                for i = 1, n do
+                    assert(res[i][1] == true and res[i][2] == i * i, i)
+                end
+                ngx.print(#res)
+            }
+        }
+        location /stats {
+            content_by_lua_block {
+                local s = require("resty.threadpool")[ngx.var.arg_pool]:stats()
+                ngx.print(s.pushed, " ", s.rejected, " ", s.timed_out, " ", s.completed)
+            }
+        }
+        location /phase {
+            content_by_lua_block { ngx.print("x") }
+            log_by_lua_block {
+                local ok, err = pcall(function()
+                    return require("resty.threadpool").work:push_tasks({ { "a" } })
+                end)
+                ngx.log(ngx.WARN, "BATCH IN LOG: ", err)
+            }
+        }
+    }
+"#;
+
+fn start() -> Nginx {
+    Nginx::start(
+        "thread_pool work threads=2;\nthread_pool small threads=1 max_queue=2;\n\
+         error_log logs/debug.log debug;",
+        &format!("{HTTP}\nthread_pool_process_by_lua small \"return ...\";"),
+    )
+}
+
+fn run(ngx: &Nginx, list: &str, extra: &str) -> String {
+    let q: String = list
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    ngx.get(&format!("/run?list={q}{extra}")).text()
+}
+
+#[test]
+fn results_in_order_with_errors_and_holes() {
+    let ngx = start();
+    assert_eq!(
+        run(
+            &ngx,
+            r#"{ {"a"}, {"err", 2}, {"multi"}, {"sleep", 0.05}, {"b"}, {"err"} }"#,
+            ""
+        ),
+        "6 {true,a} {false,boom 2} {true,1,nil,3} {true,slept} {true,b} {false,boom nil}"
+    );
+    assert_eq!(run(&ngx, "{}", ""), "0 ");
+    assert_eq!(ngx.get("/squares?n=1000").text(), "1000");
+    // One wake-up of the caller for the whole batch.
+    let debug = std::fs::read_to_string(ngx.dir.join("logs/debug.log")).unwrap();
+    let lines = |what: &str| debug.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(lines("done, in a batch"), 999 + 5);
+    assert_eq!(lines("done, resuming its caller"), 2);
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn nothing_queued_on_a_full_queue_or_a_bad_value() {
+    let ngx = start();
+    // max_queue=2: three tasks do not fit, none is queued
+    assert_eq!(
+        run(&ngx, r#"{ {"a"}, {"b"}, {"c"} }"#, "&pool=small"),
+        "nil queue full"
+    );
+    assert_eq!(ngx.get("/stats?pool=small").text(), "0 3 0 0");
+    assert_eq!(
+        run(&ngx, r#"{ {"a"}, {"b"} }"#, "&pool=small"),
+        "2 {true,a} {true,b}"
+    );
+    assert_eq!(
+        run(&ngx, r#"{ {"a"}, {"b", print} }"#, ""),
+        "nil task 2: cannot pass function in argument #2"
+    );
+    assert_eq!(
+        run(&ngx, r#"{ {"a"}, "b" }"#, ""),
+        "nil task 2: expected a table of arguments"
+    );
+    assert_eq!(ngx.get("/stats?pool=work").text(), "0 0 0 0");
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn a_timeout_lets_go_of_the_whole_batch() {
+    let ngx = start();
+    assert_eq!(
+        run(&ngx, r#"{ {"a"}, {"sleep", 0.3}, {"b"} }"#, "&timeout=0.05"),
+        "nil timeout"
+    );
+    // the pool keeps working, and the late results are dropped
+    assert_eq!(run(&ngx, r#"{ {"c"} }"#, ""), "1 {true,c}");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let stats = ngx.get("/stats?pool=work").text();
+    let n: Vec<u32> = stats.split(' ').map(|x| x.parse().unwrap()).collect();
+    // pushed, rejected, timed out (those still running), completed
+    assert!(n[0] == 4 && n[1] == 0 && n[2] >= 1 && n[3] == 4, "{stats}");
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn only_where_a_coroutine_may_yield() {
+    let ngx = start();
+    assert_eq!(ngx.get("/phase").text(), "x");
+    assert!(eventually(std::time::Duration::from_secs(5), || ngx
+        .error_log()
+        .contains("BATCH IN LOG: ")));
+    assert!(
+        ngx.error_log()
+            .contains("API disabled in the context of log"),
+        "{}",
+        ngx.error_log()
+    );
+}
