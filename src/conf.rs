@@ -155,35 +155,42 @@ unsafe fn setter(
     })
 }
 
+/// Defines `$name`, the setter nginx calls for a directive of our main
+/// conf, which runs `$set` through `setter`.
+macro_rules! main_conf_setter {
+    ($name:ident, $set:ident) => {
+        /// # Safety
+        /// Called by nginx only, with `conf` our MainConf.
+        pub unsafe extern "C" fn $name(
+            cf: *mut sys::ngx_conf_t,
+            _cmd: *mut sys::ngx_command_t,
+            conf: *mut c_void,
+        ) -> *mut c_char {
+            // SAFETY: forwarded from nginx.
+            unsafe { setter(cf, conf, $set) }
+        }
+    };
+}
+
 /// `thread_pool_slow_task_log`'s default: a LuaJIT task this long is
 /// almost certainly stuck (a loop that cannot be interrupted).
 const DEFAULT_SLOW_TASK: Duration = Duration::from_secs(10);
 
-/// The setter of `thread_pool_slow_task_log POOL TIME | off;`.
-///
-/// # Safety
-/// Called by nginx only, with `conf` our MainConf.
-pub unsafe extern "C" fn set_slow_task(
-    cf: *mut sys::ngx_conf_t,
-    _cmd: *mut sys::ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: forwarded from nginx.
-    unsafe {
-        setter(cf, conf, |cf, main| {
-            let args = cf.args();
-            let threshold = if args[2] == b"off" {
-                None
-            } else {
-                match cf.parse_time_ms(args[2]) {
-                    Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
-                    _ => return Err(ConfError::BadTime),
-                }
-            };
-            main.pool_mut(cf, args[1])?.slow_task = threshold;
-            Ok(())
-        })
-    }
+main_conf_setter!(set_slow_task, slow_task);
+
+/// `thread_pool_slow_task_log POOL TIME | off;`.
+fn slow_task(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let threshold = if args[2] == b"off" {
+        None
+    } else {
+        match cf.parse_time_ms(args[2]) {
+            Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+            _ => return Err(ConfError::BadTime),
+        }
+    };
+    main.pool_mut(cf, args[1])?.slow_task = threshold;
+    Ok(())
 }
 
 /// `thread_pool_scheduling`'s default: on a loaded machine the event loop
@@ -194,78 +201,58 @@ const DEFAULT_SCHEDULING: Scheduling = Scheduling {
     nice: 5,
 };
 
-/// The setter of `thread_pool_scheduling POOL normal | batch | idle
+main_conf_setter!(set_scheduling, scheduling);
+
+/// `thread_pool_scheduling POOL normal | batch | idle
 /// [nice=N];`.
-///
-/// # Safety
-/// Called by nginx only, with `conf` our MainConf.
-pub unsafe extern "C" fn set_scheduling(
-    cf: *mut sys::ngx_conf_t,
-    _cmd: *mut sys::ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: forwarded from nginx.
-    unsafe {
-        setter(cf, conf, |cf, main| {
-            let args = cf.args();
-            let policy = Scheduling::parse_policy(args[2])
-                .ok_or_else(|| ConfError::BadScheduling(lossy(args[2])))?;
-            let mut nice = DEFAULT_SCHEDULING.nice;
-            if let Some(arg) = args.get(3) {
-                let arg = lossy(arg);
-                nice = arg
-                    .strip_prefix("nice=")
-                    .and_then(|n| n.parse::<i32>().ok())
-                    .filter(|n| (0..=19).contains(n))
-                    .ok_or(ConfError::BadScheduling(arg))?;
-            }
-            main.pool_mut(cf, args[1])?.scheduling = Scheduling { policy, nice };
-            Ok(())
-        })
+fn scheduling(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let policy = Scheduling::parse_policy(args[2])
+        .ok_or_else(|| ConfError::BadScheduling(lossy(args[2])))?;
+    let mut nice = DEFAULT_SCHEDULING.nice;
+    if let Some(arg) = args.get(3) {
+        let arg = lossy(arg);
+        nice = arg
+            .strip_prefix("nice=")
+            .and_then(|n| n.parse::<i32>().ok())
+            .filter(|n| (0..=19).contains(n))
+            .ok_or(ConfError::BadScheduling(arg))?;
     }
+    main.pool_mut(cf, args[1])?.scheduling = Scheduling { policy, nice };
+    Ok(())
 }
 
-/// The setter of `thread_pool_accept_gate on | off [high=N] [low=M];`.
-///
-/// # Safety
-/// Called by nginx only, with `conf` our MainConf.
-pub unsafe extern "C" fn set_accept_gate(
-    cf: *mut sys::ngx_conf_t,
-    _cmd: *mut sys::ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: forwarded from nginx.
-    unsafe {
-        setter(cf, conf, |cf, main| {
-            let args = cf.args();
-            let mut gate = GateConf::default();
-            let on = match args[1] {
-                b"on" => true,
-                b"off" => false,
-                other => return Err(ConfError::BadGateParameter(lossy(other))),
-            };
-            for arg in &args[2..] {
-                let arg = lossy(arg);
-                let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
-                if let Some(n) = number("high=").filter(|&n| n > 0) {
-                    gate.high = Some(n);
-                } else if let Some(n) = number("low=") {
-                    gate.low = Some(n);
-                } else {
-                    return Err(ConfError::BadGateParameter(arg));
-                }
-            }
-            if let (Some(high), Some(low)) = (gate.high, gate.low) {
-                if low >= high {
-                    return Err(ConfError::BadGateParameter(format!(
-                        "low={low} is not below high={high}"
-                    )));
-                }
-            }
-            main.gate = on.then_some(gate);
-            Ok(())
-        })
+main_conf_setter!(set_accept_gate, accept_gate);
+
+/// `thread_pool_accept_gate on | off [high=N] [low=M];`.
+fn accept_gate(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let mut gate = GateConf::default();
+    let on = match args[1] {
+        b"on" => true,
+        b"off" => false,
+        other => return Err(ConfError::BadGateParameter(lossy(other))),
+    };
+    for arg in &args[2..] {
+        let arg = lossy(arg);
+        let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
+        if let Some(n) = number("high=").filter(|&n| n > 0) {
+            gate.high = Some(n);
+        } else if let Some(n) = number("low=") {
+            gate.low = Some(n);
+        } else {
+            return Err(ConfError::BadGateParameter(arg));
+        }
     }
+    if let (Some(high), Some(low)) = (gate.high, gate.low) {
+        if low >= high {
+            return Err(ConfError::BadGateParameter(format!(
+                "low={low} is not below high={high}"
+            )));
+        }
+    }
+    main.gate = on.then_some(gate);
+    Ok(())
 }
 
 fn lossy(arg: &[u8]) -> String {
@@ -275,42 +262,31 @@ fn lossy(arg: &[u8]) -> String {
 /// nginx's default max_queue of a thread pool.
 const DEFAULT_MAX_QUEUE: usize = 65536;
 
-/// The setter of `lua_thread_pool NAME threads=N [max_queue=M];` (http):
+main_conf_setter!(set_pool, declare_pool);
+
+/// `lua_thread_pool NAME threads=N [max_queue=M];` (http):
 /// nginx's own declaration, from the http block, so that one conf.d
 /// snippet can hold a pool with its handler.
-///
-/// # Safety
-/// Called by nginx only, with `conf` our MainConf.
-pub unsafe extern "C" fn set_pool(
-    cf: *mut sys::ngx_conf_t,
-    _cmd: *mut sys::ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: forwarded from nginx.
-    unsafe {
-        setter(cf, conf, |cf, main| {
-            let args = cf.args();
-            let mut threads = None;
-            let mut max_queue = DEFAULT_MAX_QUEUE;
-            for arg in &args[2..] {
-                let arg = lossy(arg);
-                let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
-                if let Some(n) = number("threads=").filter(|&n| n > 0) {
-                    threads = Some(n);
-                } else if let Some(n) = number("max_queue=").filter(|&n| n > 0) {
-                    max_queue = n;
-                } else {
-                    return Err(ConfError::BadPoolParameter(arg));
-                }
-            }
-            let threads =
-                threads.ok_or_else(|| ConfError::BadPoolParameter("threads=N missing".into()))?;
-            let pool = main.pool_mut(cf, args[1])?;
-            pool.pool
-                .declare(args[1], threads, max_queue)
-                .map_err(ConfError::Layout)
-        })
+fn declare_pool(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let mut threads = None;
+    let mut max_queue = DEFAULT_MAX_QUEUE;
+    for arg in &args[2..] {
+        let arg = lossy(arg);
+        let number = |prefix: &str| arg.strip_prefix(prefix)?.parse::<usize>().ok();
+        if let Some(n) = number("threads=").filter(|&n| n > 0) {
+            threads = Some(n);
+        } else if let Some(n) = number("max_queue=").filter(|&n| n > 0) {
+            max_queue = n;
+        } else {
+            return Err(ConfError::BadPoolParameter(arg));
+        }
     }
+    let threads = threads.ok_or_else(|| ConfError::BadPoolParameter("threads=N missing".into()))?;
+    let pool = main.pool_mut(cf, args[1])?;
+    pool.pool
+        .declare(args[1], threads, max_queue)
+        .map_err(ConfError::Layout)
 }
 
 /// The setter of every `thread_pool_{init,process}_by_lua[_file]`.

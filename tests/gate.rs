@@ -56,12 +56,25 @@ fn start() -> Gated {
     let http = HTTP.replace("$REUSEPORT", &reuseport.to_string());
     let ngx = Nginx::start_with(2, "thread_pool work threads=1;", &http, &[]);
     let flag = ngx.dir.join("release");
+    both_gated(&ngx);
     Gated {
         ngx,
         reuseport,
         flag,
         blocked: Vec::new(),
     }
+}
+
+/// Waits until both workers run the gate (the port answers once one of
+/// them does).
+fn both_gated(ngx: &Nginx) {
+    assert!(eventually(Duration::from_secs(10), || {
+        ngx.get("/metrics")
+            .text()
+            .matches("ngx_threadpool_accept_gate_paused{worker=")
+            .count()
+            == 2
+    }));
 }
 
 /// The value of `name` for `worker` in thread_pool_status's text.
@@ -237,6 +250,7 @@ fn reload_and_quit_while_paused() {
     );
 
     // Paused again in the new generation, then quit.
+    both_gated(&g.ngx);
     g.flag = g.ngx.dir.join("release2");
     g.pause_one();
     g.ngx.signal("QUIT");

@@ -84,7 +84,8 @@ fn pool_threads_block_async_signals_and_run_at_lower_priority() {
         for sig in [segv, bus, fpe, ill] {
             assert_eq!(blocked & bit(sig), 0, "signal {sig} blocked in {t:?}");
         }
-        assert_eq!(nice(t), nice(&main) + 5, "nice of {t:?}");
+        // (19 is the highest; the tests may themselves run under nice)
+        assert_eq!(nice(t), (nice(&main) + 5).min(19), "nice of {t:?}");
         assert_eq!(policy(t), 0, "policy of {t:?}");
     }
     // the event loop itself takes them
@@ -113,7 +114,7 @@ fn thread_pool_scheduling_sets_policy_and_nice() {
     for (pool, want_policy, want_nice) in [("b", 3, 2), ("i", 5, 5), ("n", 0, 0)] {
         let t = &pool_threads(worker, pool)[0];
         assert_eq!(policy(t), want_policy, "policy of pool {pool}");
-        assert_eq!(nice(t) - nice(&main), want_nice, "nice of pool {pool}");
+        assert_eq!(nice(t), (nice(&main) + want_nice).min(19), "nice of pool {pool}");
     }
     assert!(ngx
         .error_log()

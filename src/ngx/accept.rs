@@ -92,6 +92,22 @@ fn is_gated(ls: &sys::ngx_listening_t) -> bool {
     handler_is(ls.handler, gated_init_connection) && ls.reuseport() == 0 && !ls.connection.is_null()
 }
 
+/// Whether nginx pauses accept itself (`accept_mutex on` with several
+/// workers).
+pub fn accept_mutex_on() -> bool {
+    // SAFETY: set by the event module's init_process, before ours, and
+    // read-only afterwards.
+    unsafe { sys::ngx_use_accept_mutex != 0 }
+}
+
+/// nginx's monotonic clock in milliseconds, the same in every process of
+/// the machine (CLOCK_MONOTONIC), as of this loop iteration.
+pub fn now_ms() -> u64 {
+    // SAFETY: a word nginx updates on the event-loop thread; an aligned
+    // u64 is never read torn.
+    unsafe { std::ptr::read_volatile(&raw const sys::ngx_current_msec) as u64 }
+}
+
 /// Stops (`on == false`) or resumes accepting on the shared http sockets.
 /// Does nothing once the worker is exiting: nginx has closed the sockets
 /// and may have reused their connection structs.

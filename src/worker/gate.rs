@@ -22,9 +22,8 @@
 //! Each change only posts a check (ngx/accept.rs `defer`), which runs once
 //! per event-loop iteration.
 
-use crate::ngx::accept::{self, Nudge};
+use crate::ngx::accept::{self, now_ms, Nudge};
 use crate::ngx::log;
-use crate::ngx::sys;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -122,13 +121,6 @@ fn with_gate(f: impl FnOnce(&mut Gate)) {
     })
 }
 
-/// nginx's monotonic clock, shared by every process of the machine.
-fn now_ms() -> u64 {
-    // SAFETY: a word nginx updates on the event-loop thread; a torn read is
-    // impossible for an aligned u64.
-    unsafe { std::ptr::read_volatile(&raw const sys::ngx_current_msec) as u64 }
-}
-
 /// Starts the gate in this worker (init_process). `workers` is how many
 /// workers the master runs; `me` this one's slot.
 pub fn start(
@@ -139,8 +131,7 @@ pub fn start(
     workers: usize,
     nudge: Option<&'static Nudge>,
 ) {
-    // SAFETY: set by the event module's init_process, before ours.
-    if unsafe { sys::ngx_use_accept_mutex } != 0 {
+    if accept::accept_mutex_on() {
         log::message(
             log::NGX_LOG_WARN,
             format_args!("thread_pool_accept_gate is off: accept_mutex pauses accept itself"),
