@@ -13,8 +13,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task"}
+LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task",
+         "tpb": "push_tasks ×16"}
 VARIANTS = ("inline", "rwt", "tp")
+HANDOFF_VARIANTS = VARIANTS + ("tpb",)
 COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange"}
 PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 PAYLOAD_LABEL = {"16": "16 B", "1024": "1 KiB", "65536": "64 KiB",
@@ -152,43 +154,67 @@ def md_handoff(res, targets):
         "from a histogram with ~1% buckets. Inline runs on the event loop, so "
         "its light threads never overlap: its C is nominal.\n",
     ]
+    rates = h.get("rates", {})
+
+    def rate(key):
+        """Median tasks/s over the rounds, with [min–max]."""
+        rs = sorted(rates.get(key, []))
+        if not rs:
+            return "–"
+        m = rs[len(rs) // 2]
+        return f_num(m) + (f" [{f_num(rs[0])}–{f_num(rs[-1])}]" if len(rs) > 1 else "")
+
+    def median_rate(key):
+        rs = sorted(rates.get(key, []))
+        return rs[len(rs) // 2] if rs else None
+
     for p in PAYLOADS:
         rows = []
         for c in HANDOFF_C:
             st = {v: handoff_stats(h["cells"][f"{v}|{c}|{p}"])
-                  for v in VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
+                  for v in HANDOFF_VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
             if not st:
                 continue
             row = [c]
-            for v in VARIANTS:
+            for v in HANDOFF_VARIANTS:
                 s = st.get(v)
-                row += [f_num(s and s["rate"]), f_num(s and s["p50"]),
+                row += [rate(f"{v}|{c}|{p}"), f_num(s and s["p50"]),
                         f_num(s and s["p99"])] if s else ["–"] * 3
-            tp, rwt, inl = st.get("tp"), st.get("rwt"), st.get("inline")
-            row += [f_ratio(ratio(tp and tp["rate"], rwt and rwt["rate"])),
-                    f_ratio(ratio(tp and tp["rate"], inl and inl["rate"]))]
+            m = {v: median_rate(f"{v}|{c}|{p}") for v in HANDOFF_VARIANTS}
+            row += [f_ratio(ratio(m["tp"], m["rwt"])),
+                    f_ratio(ratio(m["tpb"], m["rwt"])),
+                    f_ratio(ratio(m["tp"], m["inline"]))]
             fails = {v: s["failed"] for v, s in st.items() if s["failed"]}
             row.append(", ".join(f"{LABEL[v]} {n}" for v, n in fails.items()) or "0")
             rows.append(row)
         head = ["C"]
-        for v in VARIANTS:
+        for v in HANDOFF_VARIANTS:
             head += [f"{LABEL[v]} tasks/s", "p50 µs", "p99 µs"]
-        head += ["push_task / run_worker_thread", "push_task / inline", "failed"]
+        head += ["push_task / run_worker_thread", "push_tasks / run_worker_thread",
+                 "push_task / inline", "failed"]
         out.append(f"### Payload {PAYLOAD_LABEL[p]}\n\n" + table(head, rows))
 
     rows = []
     for p in PAYLOADS:
         for c in HANDOFF_C:
             st = {v: handoff_stats(h["cells"][f"{v}|{c}|{p}"])
-                  for v in VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
+                  for v in HANDOFF_VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
             if not st:
                 continue
             row = [PAYLOAD_LABEL[p], c]
-            for v in VARIANTS:
+            for v in HANDOFF_VARIANTS:
                 s = st.get(v)
                 row += [f_num(s and s["loop_us"])]
                 if v != "inline":
                     row += [f_num(s and s["threads_us"])]
+            inline = st.get("inline")
+            for v in ("rwt", "tp", "tpb"):
+                s = st.get(v)
+                over = (s["loop_us"] + s["threads_us"] - inline["loop_us"]
+                        if s and inline and s["loop_us"] is not None
+                        and s["threads_us"] is not None and inline["loop_us"] is not None
+                        else None)
+                row.append(f_num(over))
             rows.append(row)
     out.append("### CPU time per task\n\n"
                "Event loop: `getrusage(RUSAGE_THREAD)` of the worker's main thread "
@@ -196,8 +222,13 @@ def md_handoff(res, targets):
                "other requests wait for). Pool threads: the worker's other threads "
                "from /proc (10 ms ticks, coarse in short cells). Includes the "
                "benchmark loop's own timing and bookkeeping, alike for all.\n\n"
+               + "Hand-off overhead: event loop + pool threads per task, minus the "
+               "inline handler's CPU per task (what the hand-off itself costs).\n\n"
                + table(["payload", "C", "inline loop µs", "run_worker_thread loop µs",
-                        "its threads µs", "push_task loop µs", "its threads µs"], rows))
+                        "its threads µs", "push_task loop µs", "its threads µs",
+                        "push_tasks ×16 loop µs", "its threads µs",
+                        "overhead rwt µs", "overhead push_task µs",
+                        "overhead push_tasks µs"], rows))
 
     probe = h.get("probe128", {})
     if probe:
@@ -227,6 +258,29 @@ def md_handoff(res, targets):
             targets.append((f"push_task ≥ {need}× run_worker_thread tasks/s, "
                             f"{PAYLOAD_LABEL[p]}, every C",
                             ", ".join(f"C={c}: {f_ratio(r)}" for c, r in rs), ok))
+    # Pool threads' CPU per small task (the poll before parking included).
+    rs = []
+    for c in HANDOFF_C:
+        tp, rwt = h["cells"].get(f"tp|{c}|16"), h["cells"].get(f"rwt|{c}|16")
+        if tp and rwt:
+            rs.append((c, handoff_stats(tp)["threads_us"], handoff_stats(rwt)["threads_us"]))
+    if rs:
+        targets.append(("pool-thread CPU per 16 B task ≤ run_worker_thread's, every C",
+                        ", ".join(f"C={c}: {f_num(a)} vs {f_num(b)} µs" for c, a, b in rs),
+                        all(a is not None and b is not None and a <= b for _, a, b in rs)))
+    # Many tasks per yield: push_tasks against run_worker_thread, small
+    # payloads at C = 8 and 64, with its event-loop CPU per task.
+    for p in ("16", "1024"):
+        for c in (8, 64):
+            tpb = h["cells"].get(f"tpb|{c}|{p}")
+            rwt = h["cells"].get(f"rwt|{c}|{p}")
+            if tpb and rwt:
+                r = ratio(median_rate(f"tpb|{c}|{p}"), median_rate(f"rwt|{c}|{p}"))
+                loop = handoff_stats(tpb)["loop_us"]
+                targets.append((f"push_tasks ≥ 3× run_worker_thread tasks/s with ≤ 0.5 µs "
+                                f"event-loop CPU per task, {PAYLOAD_LABEL[p]}, C={c}",
+                                f"{f_ratio(r)}, {f_num(loop)} µs",
+                                r is not None and loop is not None and r >= 3 and loop <= 0.5))
     for p in PAYLOADS:
         tp = h["cells"].get(f"tp|1|{p}")
         rwt = h["cells"].get(f"rwt|1|{p}")

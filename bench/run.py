@@ -40,6 +40,8 @@ WRK_SCRIPT = BENCH / "wrk_json.lua"
 WAF_FILES = (REPO / "nginx-conf/waf.lua", REPO / "nginx-conf/waf_rules.lua")
 
 VARIANTS = ("inline", "rwt", "tp")
+# The hand-off section also runs push_tasks, 16 tasks per call.
+HANDOFF_VARIANTS = VARIANTS + ("tpb",)
 PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 HANDOFF_C = (1, 8, 64)
 THROUGHPUT_C = (1, 8, 32, 128)
@@ -52,7 +54,7 @@ WAF_QUERY = ("user=alice&q=select+name+from+users+where+id%3D1&page=2"
 
 # Durations of the two modes (seconds unless named _ms).
 PLANS = {
-    "full": dict(handoff_rounds=3, handoff_ms=1000, warmup_ms=300,
+    "full": dict(handoff_rounds=5, handoff_ms=1000, warmup_ms=300,
                  hol_rounds=2, hol_secs=5, tput_rounds=2, tput_secs=5,
                  mem_tasks=100000),
     "quick": dict(handoff_rounds=1, handoff_ms=200, warmup_ms=100,
@@ -290,10 +292,12 @@ def handoff_cell(ng, variant, c, payload, ms, max_count=10_000_000):
 
 def section_handoff(plan, res):
     cells = {}
+    # Each round's rate by cell, for medians and spread.
+    rates = {}
     with Nginx("handoff") as ng:
         # JIT the loops, create run_worker_thread's VMs (one per task in
         # flight) and load the modules in every VM before measuring.
-        for v in VARIANTS:
+        for v in HANDOFF_VARIANTS:
             for p in ("16", "table"):
                 handoff_cell(ng, v, 64, p, plan["warmup_ms"])
         for rnd in range(plan["handoff_rounds"]):
@@ -301,18 +305,19 @@ def section_handoff(plan, res):
             i = 0
             for c in HANDOFF_C:
                 for p in PAYLOADS:
-                    for v in rotated(VARIANTS, rnd + i):
+                    for v in rotated(HANDOFF_VARIANTS, rnd + i):
                         key = f"{v}|{c}|{p}"
-                        cells[key] = merge_handoff(
-                            cells.get(key),
-                            handoff_cell(ng, v, c, p, plan["handoff_ms"]))
+                        r = handoff_cell(ng, v, c, p, plan["handoff_ms"])
+                        cells[key] = merge_handoff(cells.get(key), r)
+                        rates.setdefault(key, []).append(
+                            r["ok"] / (r["elapsed_ns"] / 1e9) if r["elapsed_ns"] else 0)
                     i += 1
         # Past run_worker_thread's VM pool (100): what C=128 does.
         probe = {}
         for v in ("rwt", "tp"):
             probe[v] = merge_handoff(None, handoff_cell(
                 ng, v, 128, "16", plan["handoff_ms"]))
-        res["handoff"] = dict(cells=cells, probe128=probe,
+        res["handoff"] = dict(cells=cells, rates=rates, probe128=probe,
                               alive=ng.alive())
     res["handoff"]["log"] = ng.problems()
 
