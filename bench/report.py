@@ -358,6 +358,35 @@ def md_hol(res, targets):
     return "\n".join(out)
 
 
+def md_policy(res, targets):
+    pol = res.get("policy")
+    if not pol:
+        return "Not run.\n"
+    runs = pol["runs"]
+    rows, base = [], None
+    stats = {}
+    for p in pol["policies"]:
+        un, st, hv = (wrk_agg(runs.get(f"{p}|{k}")) for k in ("unloaded", "static", "heavy"))
+        if not (un and st and hv):
+            continue
+        stats[p] = (st["p99"] / un["p99"] if un["p99"] else None, hv["ok_rps"])
+        if p == "normal nice=0":
+            base = hv["ok_rps"]
+    for p, (slow, rps) in stats.items():
+        rows.append([f"`{p}`", f_num(slow), f_num(rps),
+                     f_ratio(ratio(rps, base))])
+        ok = slow is not None and slow <= 3 and base and rps >= 0.9 * base
+        targets.append((f"static p99 under the sort load ≤ 3× unloaded, sort ≥ 90 % "
+                        f"of nice 0's requests/s: `thread_pool_scheduling tp {p}`",
+                        f"{f_num(slow)}×, {f_ratio(ratio(rps, base))}", bool(ok)))
+    return ("One nginx per setting of `thread_pool_scheduling` for the pool that "
+            "runs the sort (push_task, 8 connections); a measured wrk on `/static` "
+            "(4 connections) unloaded, then during the sort; settings alternate "
+            "round by round.\n\n"
+            + table(["setting", "static p99 ÷ unloaded", "sort req/s",
+                     "sort ÷ nice 0"], rows))
+
+
 def md_throughput(res, targets):
     t = res.get("throughput")
     if not t:
@@ -579,6 +608,7 @@ def render(res, out_dir):
     body = {
         "handoff": md_handoff(res, targets),
         "hol": md_hol(res, targets),
+        "policy": md_policy(res, targets),
         "throughput": md_throughput(res, targets),
         "memory": md_memory(res, targets),
     }
@@ -599,6 +629,7 @@ def render(res, out_dir):
               [(t, m, mark(ok)) for t, m, ok in targets]) if targets else "No section ran.\n",
         "## Hand-off overhead\n", body["handoff"],
         "## Head of line\n", body["hol"],
+        "## Pool-thread scheduling\n", body["policy"],
         "## CPU throughput (sort)\n", body["throughput"],
         "## Memory\n", body["memory"],
         "## Errors, crashes and log lines\n", md_problems(res),

@@ -46,7 +46,9 @@ PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 HANDOFF_C = (1, 8, 64)
 THROUGHPUT_C = (1, 8, 32, 128)
 MEMORY_THREADS = (0, 1, 4, 16)
-SECTIONS = ("handoff", "hol", "throughput", "memory")
+SECTIONS = ("handoff", "hol", "policy", "throughput", "memory")
+# thread_pool_scheduling settings compared under the sort load.
+POLICIES = ("normal nice=0", "normal nice=5", "normal nice=19", "batch nice=5", "idle")
 SORT_N = 20000
 # Query string of the WAF requests: a little of everything rules look at.
 WAF_QUERY = ("user=alice&q=select+name+from+users+where+id%3D1&page=2"
@@ -128,7 +130,7 @@ class Nginx:
 
     last = None  # the last nginx started: its versions and logs for the report
 
-    def __init__(self, name, tp_threads=2, rwt_threads=2):
+    def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None):
         self.name = name
         self.prefix = OUT / name
         self.port = free_port()
@@ -144,6 +146,8 @@ class Nginx:
             pools.append(f"thread_pool tp threads={tp_threads};")
             handler = ('thread_pool_process_by_lua tp '
                        '"return require(\'bench_tasks\').call";')
+            if scheduling:
+                handler += f"\nthread_pool_scheduling tp {scheduling};"
         conf = (BENCH / "nginx.conf.tmpl").read_text()
         for key, value in (("MODULE", str(MODULE)), ("REPO", str(REPO)),
                            ("PORT", str(self.port)),
@@ -363,6 +367,27 @@ def section_hol(plan, res, workloads):
                       workloads=list(workloads), log=ng.problems())
 
 
+def section_policy(plan, res):
+    """Static p99 while the sort runs in push_task, by the pool threads'
+    scheduling (one nginx per setting, settings alternating by round), and
+    the sort's own requests/s."""
+    secs = plan["hol_secs"]
+    runs = {}
+    for rnd in range(plan["hol_rounds"]):
+        log(f"policy round {rnd + 1}/{plan['hol_rounds']}")
+        for pol in rotated(list(POLICIES), rnd):
+            with Nginx("policy", scheduling=pol) as ng:
+                wrk_run(heavy_url(ng, "sort", "tp"), 8, 1)
+                runs.setdefault(f"{pol}|unloaded", []).append(
+                    wrk_run(ng.url("/static"), 4, secs))
+                heavy = wrk_start(heavy_url(ng, "sort", "tp"), 8, secs + 1)
+                time.sleep(0.5)
+                runs.setdefault(f"{pol}|static", []).append(
+                    wrk_run(ng.url("/static"), 4, secs))
+                runs.setdefault(f"{pol}|heavy", []).append(wrk_wait(heavy, secs + 1))
+    res["policy"] = dict(runs=runs, policies=list(POLICIES))
+
+
 def section_throughput(plan, res):
     secs = plan["tput_secs"]
     runs, errors = {}, {}
@@ -481,6 +506,7 @@ def main():
         f"load average {' '.join(res['loadavg_start'])}")
     steps = dict(handoff=lambda: section_handoff(plan, res),
                  hol=lambda: section_hol(plan, res, workloads),
+                 policy=lambda: section_policy(plan, res),
                  throughput=lambda: section_throughput(plan, res),
                  memory=lambda: section_memory(plan, res))
     failed = False
