@@ -180,28 +180,38 @@ ANALYSIS = """## What the numbers say
 
 - **nginx 1.22 balances better than the talk's nginx did.** With
   EPOLLEXCLUSIVE, nginx re-adds the listening socket every 16 accepts
-  (`ngx_reorder_accept_events`, since 1.21.6), so on a quiet machine the
-  Thread mode rarely piles tasks onto one worker at these loads; the talk's
-  timeouts (and those measured when this harness first ran on a busy
-  machine: 15–28 % at 5–6.7×) come from the imbalance that remains when
-  wake-ups are delayed. Where no mode times out, the differences show in
-  the thumbnail p99, the tasks in flight per worker, and throughput.
-- **The gate keeps the queues even.** A worker over its high mark stops
-  accepting while another carries at least 2 fewer tasks, so new
-  connections go where threads are free; the per-worker tasks in flight
-  stay close together, and the thumbnail p99 follows.
-- **Static requests** are never paused behind a full queue: a static
-  connection counts only until its first request is done, and the last
-  accepting worker never pauses. Their p99 rises with the gate only by the
-  time a connection waits in the kernel backlog while most workers are
-  paused.
-- **Keep-alive connections** stay where they were accepted; the gate acts on
-  the burst of connections at the start and on reconnections after a
-  timeout. Without the nudge (an eventfd every worker watches), the last
-  worker accepting took most of such a burst; with it, the burst spreads.
+  (`ngx_reorder_accept_events`, since 1.21.6), so on a quiet machine no
+  thread mode times out up to 6.7× the thread count; the talk's timeouts
+  (and the 15–28 % this harness measured at 5–6.7× when it first ran, on a
+  busy machine) come from the imbalance that remains. It shows here in the
+  tasks in flight per worker (one worker with 2–3× another's) and in the
+  thumbnail p99, and at 10× in timeouts for Thread and Thread + reuseport
+  (a round of reuseport lost 16.6 %: the kernel's hash sent one worker more
+  than its share).
+- **With a new connection per request, the gate keeps the queues even**:
+  tasks in flight per worker within a task or two of each other at every
+  overloaded load, the thumbnail p99 at 0.5–0.6× reuseport's, no timeout,
+  and the full capacity (480 tasks/s) served. The price is toggling: a
+  worker pauses and resumes a hundred times a second or more (the pauses
+  column), each an `epoll_ctl` on the listening socket, cheap next to a
+  request.
+- **Static requests** do not wait behind full queues: a static connection
+  counts only until its first request is done, and the last accepting
+  worker never pauses, so the static p99 with the gate stays within
+  0.8–1.2× reuseport's.
+- **Keep-alive connections** stay where they were accepted, so the gate
+  only acts on the burst of connections at the start and on reconnections
+  after a timeout. At 3.3–6.7× it spreads the burst evenly (each worker
+  25 % of the connections); at 10× every worker is over its high mark
+  during the burst, they all accept, and nginx's own balance decides, as
+  without the gate. Before the nudge (an eventfd every worker watches), the
+  last worker accepting took most of such a burst (137 of 161 connections
+  in a trial run).
 - **Direct** (the task inline, 24 event loops) blocks each event loop for
   the whole task: static requests wait behind thumbnails (p99 in the
   hundreds of ms), as in the talk.
+- **The real thumbnail handler** is CPU work on 2 cores: capacity, not
+  balance, bounds it; the gate evens the tasks in flight there too.
 """
 
 
