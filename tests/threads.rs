@@ -114,7 +114,11 @@ fn thread_pool_scheduling_sets_policy_and_nice() {
     for (pool, want_policy, want_nice) in [("b", 3, 2), ("i", 5, 5), ("n", 0, 0)] {
         let t = &pool_threads(worker, pool)[0];
         assert_eq!(policy(t), want_policy, "policy of pool {pool}");
-        assert_eq!(nice(t), (nice(&main) + want_nice).min(19), "nice of pool {pool}");
+        assert_eq!(
+            nice(t),
+            (nice(&main) + want_nice).min(19),
+            "nice of pool {pool}"
+        );
     }
     assert!(ngx
         .error_log()
