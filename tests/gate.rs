@@ -286,3 +286,27 @@ fn marks_are_checked_by_nginx_t() {
         assert!(nginx_test(pool, &http, &[]).status.success(), "{gate}");
     }
 }
+
+#[test]
+fn nothing_to_pause_with_reuseport_sockets_only() {
+    let ngx = Nginx::start_with(
+        2,
+        "thread_pool work threads=1;",
+        r#"thread_pool_accept_gate on;
+        thread_pool_process_by_lua work "return ...";
+        server {
+            listen 127.0.0.1:$PORT reuseport;
+            location = /metrics { thread_pool_status; }
+        }"#,
+        &[],
+    );
+    assert!(eventually(Duration::from_secs(5), || ngx
+        .error_log()
+        .matches("accept gate: no shared http listening socket")
+        .count()
+        == 2));
+    let m = ngx.get("/metrics").text();
+    assert_eq!(paused_workers(&m), 0.0);
+    assert!(!m.contains("ngx_threadpool_accept_gate_paused{"), "{m}");
+    ngx.assert_clean_log();
+}

@@ -153,6 +153,15 @@ pub fn start(
         done,
         check,
     });
+    if shared_sockets == 0 {
+        log::message(
+            log::NGX_LOG_NOTICE,
+            format_args!(
+                "accept gate: no shared http listening socket (reuseport only), nothing to pause"
+            ),
+        );
+        return;
+    }
     slot.active.store(1, SeqCst);
     GATE.with(|g| {
         *g.borrow_mut() = Some(Gate {
