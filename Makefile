@@ -50,6 +50,7 @@ run: build images
 	@echo "  curl \"http://127.0.0.1:8080/waf/?q=1'%20OR%20'1'='1\"  403 from the WAF in a pool thread"
 	@echo "  curl \"http://127.0.0.1:8080/waf-inline/?q=hello\"    the WAF on the event loop"
 	@echo "  http://127.0.0.1:8080/thumbs.html            thumbnails by ImageMagick in a pool thread and inline"
+	@echo "  curl http://127.0.0.1:8080/metrics           the pools' and the accept gate's metrics"
 	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
 
 # The thumbnail demo's images, made once by ImageMagick (no downloads):

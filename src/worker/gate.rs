@@ -180,8 +180,8 @@ pub fn start(
     log::message(
         log::NGX_LOG_NOTICE,
         format_args!(
-            "accept gate: pause at {} outstanding tasks, resume at {}, on {shared_sockets} shared \
-             listening sockets",
+            "accept gate: pause at {} outstanding tasks, resume at {}; shared listening \
+             sockets: {shared_sockets}",
             marks.high, marks.low
         ),
     );
