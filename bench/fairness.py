@@ -19,12 +19,14 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the sources
+import procs  # noqa: E402
+from procs import free_port  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -154,12 +156,6 @@ def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_images():
     images = OUT / "fairness-images"
     if not (images / "watermark.png").exists():
@@ -229,16 +225,7 @@ class Nginx:
             return ""
 
     def stop(self):
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGQUIT, 10), (signal.SIGTERM, 5),
-                          (signal.SIGKILL, 5)):
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                pass
+        procs.stop(self.proc, 10)
 
 
 async def get(port, path, timeout):
@@ -412,7 +399,6 @@ def main():
                 service_ms=SERVICE_MS, rounds=rounds, secs=plan["secs"])
     (OUT / "fairness.json").write_text(json.dumps(dict(meta=meta, results=results),
                                                   indent=1))
-    sys.dont_write_bytecode = True
     sys.path.insert(0, str(BENCH))
     import fairness_report
     fairness_report.write(meta, results)

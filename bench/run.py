@@ -18,8 +18,6 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +26,9 @@ import urllib.request
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ beside the sources
+import procs  # noqa: E402
 import report  # noqa: E402
+from procs import free_port  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -67,12 +67,6 @@ PLANS = {
 
 def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def children(pid):
@@ -189,16 +183,8 @@ class Nginx:
         self.stop()
 
     def stop(self):
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGQUIT, 15), (signal.SIGTERM, 5),
-                          (signal.SIGKILL, 5)):
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                log(f"nginx {self.name} still running after {sig.name}")
+        procs.stop(self.proc, 15,
+                   lambda sig: log(f"nginx {self.name} still running after {sig.name}"))
 
     def url(self, path):
         return f"http://127.0.0.1:{self.port}{path}"
