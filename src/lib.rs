@@ -261,9 +261,9 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                 })
             })
             .collect();
+        let me = ngx::http::worker_number();
         let started = specs.and_then(|specs| {
             ngx::notify::install(worker::drain)?;
-            let me = ngx::http::worker_number();
             let shared = conf.status.as_ref().and_then(|t| t.row(me));
             worker::Worker::start(specs, shared).map_err(|e| e.to_string())
         });
@@ -274,7 +274,6 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         ) {
             let threads = conf.pools.iter().map(|p| p.threads).sum();
             let marks = worker::gate::Marks::resolve(gate.high, gate.low, threads);
-            let me = ngx::http::worker_number();
             let workers = ngx::http::running_workers();
             worker::gate::start(marks, shared, slots, me, workers, conf.nudge.as_ref());
         }
