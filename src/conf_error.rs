@@ -17,6 +17,8 @@ pub enum ConfError {
     BadGateParameter(String),
     /// A `thread_pool_scheduling` policy or nice value out of range.
     BadScheduling(String),
+    /// A `thread_pool_zero_copy` size that is neither a size > 0 nor off.
+    BadZeroCopy(String),
     NoMemory,
     Read {
         path: String,
@@ -58,6 +60,9 @@ impl fmt::Display for ConfError {
                     f,
                     "takes normal | batch | idle [nice=0..19]: invalid \"{p}\""
                 )
+            }
+            ConfError::BadZeroCopy(p) => {
+                write!(f, "takes a size (16k, 1m...) or off: invalid \"{p}\"")
             }
             ConfError::NoMemory => f.write_str("no memory"),
             ConfError::Read { path, err } => write!(f, "cannot read \"{path}\": {err}"),

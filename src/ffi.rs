@@ -3,16 +3,17 @@
 //! OK 0, ERROR -1, AGAIN -2, DECLINED -5; errors are written to the
 //! caller's buffer.
 
+use crate::codec::Span;
 use crate::ngx::guard::no_unwind;
 use crate::ngx::log;
 use crate::ngx::shim::{self, ErrOut, Out, Request};
 use crate::ngx::sys;
 use crate::worker::tasks::{Release, RequestTasks, TaskId, KEEP};
-use crate::worker::{gate, with_worker, Worker, WorkerError};
+use crate::worker::{gate, with_worker, Args, Worker, WorkerError};
 use std::ffi::c_int;
 
 /// Bumped when a signature below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 6;
+pub const API_VERSION: c_int = 7;
 
 pub const OK: c_int = 0;
 pub const ERROR: c_int = -1;
@@ -53,21 +54,43 @@ pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> 
     })
 }
 
+/// The smallest string pool `pool` borrows rather than copies
+/// (`thread_pool_zero_copy`), 0 when it copies every string, -1 for no
+/// such pool. Read from the configuration, as pool_id.
+#[no_mangle]
+pub extern "C" fn ngx_threadpool_zero_copy(pool: c_int) -> i64 {
+    no_unwind("zero_copy", -1, || {
+        // SAFETY: ngx_cycle is the running, configured cycle.
+        let conf = unsafe { crate::conf::main_conf(sys::ngx_cycle) };
+        let pool = usize::try_from(pool).ok();
+        match conf.and_then(|c| c.pools.get(pool?)) {
+            Some(p) => p.zero_copy.map_or(0, |n| n as i64),
+            None => -1,
+        }
+    })
+}
+
 /// Queues a task with the encoded arguments `data` for the request `r` and
 /// makes the current coroutine wait for it: AGAIN with `*task` set (the
 /// caller must yield; it is resumed with `true` or `false, "timeout"`),
 /// DECLINED when the queue is full, BAD_CONTEXT when the running handler
-/// may not yield (nothing queued), ERROR with a message.
+/// may not yield (nothing queued), ERROR with a message. The payload's
+/// borrowed strings are `spans[0..nspans]`. Whenever `*task` is set, the
+/// task was queued, even if ERROR follows.
 ///
 /// # Safety
 /// `r` must be the request of the running Lua handler, `data` `len`
-/// readable bytes, `err` `*errlen` writable bytes.
+/// readable bytes, `spans` `nspans` readable spans whose bytes the caller
+/// keeps alive until it takes the result or `ngx_threadpool_reaped` names
+/// the task, `err` `*errlen` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ngx_threadpool_push(
     r: *mut sys::ngx_http_request_t,
     pool: c_int,
     data: *const u8,
     len: usize,
+    spans: *const Span,
+    nspans: usize,
     timeout_ms: c_int,
     task: *mut TaskId,
     err: *mut u8,
@@ -78,7 +101,10 @@ pub unsafe extern "C" fn ngx_threadpool_push(
         let (r, args, task, err) = unsafe {
             (
                 Request::from_raw(r),
-                shim::bytes(data, len),
+                Args {
+                    bytes: shim::bytes(data, len),
+                    spans: shim::items(spans, nspans),
+                },
                 Out::new(task),
                 ErrOut::new(err, errlen),
             )
@@ -97,12 +123,14 @@ pub unsafe extern "C" fn ngx_threadpool_push(
 }
 
 /// Queues `n` tasks, the encoded arguments of task i being the next
-/// `lens[i]` bytes of `data`, all or none, and makes the current coroutine
-/// wait until all of them are done: AGAIN with `ids[0..n]` set (the caller
-/// must yield, then take each result), otherwise as push.
+/// `lens[i]` bytes of `data` borrowing the next `nspans[i]` of `spans`
+/// (`nspans` null: none borrow), all or none, and makes the current
+/// coroutine wait until all of them are done: AGAIN with `ids[0..n]` set
+/// (the caller must yield, then take each result), otherwise as push.
 ///
 /// # Safety
-/// As push; `lens` must hold `n` readable sizes adding up to `len`, `ids`
+/// As push; `lens` must hold `n` readable sizes adding up to `len`,
+/// `nspans` null or `n` counts adding up to the spans at `spans`, `ids`
 /// `n` writable handles.
 #[no_mangle]
 pub unsafe extern "C" fn ngx_threadpool_push_batch(
@@ -112,6 +140,8 @@ pub unsafe extern "C" fn ngx_threadpool_push_batch(
     len: usize,
     lens: *const usize,
     n: usize,
+    spans: *const Span,
+    nspans: *const usize,
     timeout_ms: c_int,
     ids: *mut TaskId,
     err: *mut u8,
@@ -119,11 +149,12 @@ pub unsafe extern "C" fn ngx_threadpool_push_batch(
 ) -> c_int {
     no_unwind("push_batch", ERROR, || {
         // SAFETY: the caller vouches for each (see above).
-        let (r, data, lens, ids, err) = unsafe {
+        let (r, data, lens, counts, ids, err) = unsafe {
             (
                 Request::from_raw(r),
                 shim::bytes(data, len),
                 shim::items(lens, n),
+                shim::items(nspans, n),
                 shim::items_mut(ids, n),
                 ErrOut::new(err, errlen),
             )
@@ -134,11 +165,18 @@ pub unsafe extern "C" fn ngx_threadpool_push_batch(
         if n == 0 || lens.iter().sum::<usize>() != data.len() {
             return fail(&err, "bad batch");
         }
-        let mut rest = data;
-        let payloads = lens.iter().map(|&l| {
-            let (one, more) = rest.split_at(l);
-            rest = more;
-            one
+        let total_spans = counts.iter().sum::<usize>();
+        // SAFETY: the caller vouches for spans and their count.
+        let spans = unsafe { shim::items(spans, total_spans) };
+        if spans.len() != total_spans {
+            return fail(&err, "bad batch");
+        }
+        let (mut rest, mut rest_spans) = (data, spans);
+        let payloads = lens.iter().enumerate().map(|(i, &l)| {
+            let (bytes, more) = rest.split_at(l);
+            let (spans, more_spans) = rest_spans.split_at(counts.get(i).copied().unwrap_or(0));
+            (rest, rest_spans) = (more, more_spans);
+            Args { bytes, spans }
         });
         queue_and_wait(&r, timeout_ms, &err, |w, owner| {
             // SAFETY: as in push.
@@ -207,21 +245,31 @@ fn queue_and_wait(
 
 /// The result of a finished task, and the task's end: OK (values) or
 /// DECLINED (the handler failed; the payload holds its error value), with
-/// `*data`/`*len` pointing at the payload until the next call into the
-/// module (the shim decodes it at once). ERROR if the task is not finished.
+/// `*data`/`*len` pointing at the payload and `*spans`/`*nspans` at the
+/// strings it borrows, all valid until the next call into the module (the
+/// shim decodes it at once). ERROR if the task is not finished.
 ///
 /// # Safety
-/// `data` and `len` must be writable.
+/// `data`, `len`, `spans` and `nspans` must be writable.
 #[no_mangle]
 pub unsafe extern "C" fn ngx_threadpool_result(
     task: TaskId,
     data: *mut *const u8,
     len: *mut usize,
+    spans: *mut *const Span,
+    nspans: *mut usize,
 ) -> c_int {
     no_unwind("result", ERROR, || {
-        // SAFETY: the caller vouches for data and len.
-        let (data, len) = unsafe { (Out::new(data), Out::new(len)) };
-        let (Some(data), Some(len)) = (data, len) else {
+        // SAFETY: the caller vouches for each.
+        let outs = unsafe {
+            (
+                Out::new(data),
+                Out::new(len),
+                Out::new(spans),
+                Out::new(nspans),
+            )
+        };
+        let (Some(data), Some(len), Some(spans), Some(nspans)) = outs else {
             return ERROR;
         };
         with_worker(|w| {
@@ -229,14 +277,17 @@ pub unsafe extern "C" fn ngx_threadpool_result(
                 return ERROR;
             };
             log::debug(format_args!(
-                "task {task:#x} resumed, {} bytes of results",
-                payload.len()
+                "task {task:#x} resumed, {} bytes of results, borrowed {}",
+                payload.bytes.len(),
+                payload.spans.len()
             ));
             let old = std::mem::replace(&mut w.last_result, payload);
             w.tasks.recycle(old);
-            // last_result stays put until the next result
-            data.set(w.last_result.as_ptr());
-            len.set(w.last_result.len());
+            // last_result stays put (and pinned) until the next result
+            data.set(w.last_result.bytes.as_ptr());
+            len.set(w.last_result.bytes.len());
+            spans.set(w.last_result.spans.as_ptr());
+            nspans.set(w.last_result.spans.len());
             if failed {
                 DECLINED
             } else {
@@ -247,13 +298,13 @@ pub unsafe extern "C" fn ngx_threadpool_result(
     })
 }
 
-/// The shim is done with a large result (decoded): its buffer is freed now
-/// rather than kept until the next result.
+/// The shim is done with a large result (decoded): its buffer is freed, and
+/// the strings it borrows unpinned, now rather than at the next result.
 #[no_mangle]
 pub extern "C" fn ngx_threadpool_result_done() {
     no_unwind("result_done", (), || {
         with_worker(|w| {
-            if w.last_result.capacity() > KEEP {
+            if w.last_result.bytes.capacity() > KEEP || w.last_result.pinned.is_some() {
                 let buf = std::mem::take(&mut w.last_result);
                 w.tasks.recycle(buf);
             }
@@ -272,6 +323,23 @@ pub extern "C" fn ngx_threadpool_release(task: TaskId) {
                 w.tasks.recycle(buf);
             }
         });
+    })
+}
+
+/// Moves into `ids` at most `n` tasks whose borrowed arguments the shim
+/// may let go of now: tasks that ended without their caller taking the
+/// result (timeout, request gone). Returns how many.
+///
+/// # Safety
+/// `ids` must hold `n` writable handles.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_threadpool_reaped(ids: *mut TaskId, n: usize) -> usize {
+    no_unwind("reaped", 0, || {
+        // SAFETY: the caller vouches for ids and n.
+        let Some(ids) = (unsafe { shim::items_mut(ids, n) }) else {
+            return 0;
+        };
+        with_worker(|w| w.tasks.take_reaped(ids)).unwrap_or(0)
     })
 }
 

@@ -42,7 +42,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 12] = [
+static mut COMMANDS: [sys::ngx_command_t; 13] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -95,6 +95,12 @@ static mut COMMANDS: [sys::ngx_command_t; 12] = [
         ngx_string(c"thread_pool_scheduling"),
         sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
         conf::set_scheduling,
+        0,
+    ),
+    command(
+        ngx_string(c"thread_pool_zero_copy"),
+        TAKE2_MAIN,
+        conf::set_zero_copy,
         0,
     ),
     command(
@@ -251,6 +257,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                     log,
                     ngx: ngx_env,
+                    zero_copy: p.zero_copy,
                 };
                 Ok(worker::PoolSetup {
                     spec,

@@ -9,8 +9,10 @@
 //! - the worker is the same process at the end (no crash), and error.log has
 //!   no error, crit, alert or signal;
 //! - the worker's RSS grew by less than RSS_BOUND_KIB over the measured
-//!   rounds. Each task carries a 64 KiB argument that comes back as a 64 KiB
-//!   result, so a leaked record or payload costs at least 64 KiB per task:
+//!   rounds. Each task carries a 64 KiB argument of its own that comes back
+//!   as a 64 KiB result (both borrowed, not copied, under the default
+//!   `thread_pool_zero_copy`), so a leaked record, payload, anchored
+//!   argument or pinned result costs at least 64 KiB per task:
 //!   ROUNDS * PER_ROUND = 1,000 aborted tasks would leak >= 62.5 MiB. The
 //!   bound leaves room for allocator and Lua GC noise (each round queues all
 //!   its tasks at once, and the warm-up round has already made the heap as
@@ -60,7 +62,7 @@ const LOCATIONS: &str = r#"
             lua_check_client_abort on;
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local payload = string.rep("x", 65536)
+                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
                 ngx.say("pushed")
                 ngx.flush(true)
                 local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
@@ -72,7 +74,7 @@ const LOCATIONS: &str = r#"
             lua_check_client_abort off;
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local payload = string.rep("x", 65536)
+                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
                 ngx.say("pushed")
                 ngx.flush(true)
                 local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
@@ -86,7 +88,7 @@ const LOCATIONS: &str = r#"
         location = /exit_thread {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local payload = string.rep("x", 65536)
+                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
                 ngx.thread.spawn(function()
                     local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
                     ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
@@ -101,7 +103,7 @@ const LOCATIONS: &str = r#"
         location = /kill_thread {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local payload = string.rep("x", 65536)
+                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
                 local t = ngx.thread.spawn(function()
                     local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
                     ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
@@ -121,7 +123,7 @@ const LOCATIONS: &str = r#"
             lua_check_client_abort on;
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local payload = string.rep("x", 65536)
+                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
                 local ms = tonumber(ngx.var.arg_ms)
                 ngx.say("pushed")
                 ngx.flush(true)
@@ -136,7 +138,7 @@ const LOCATIONS: &str = r#"
         location = /timeout_batch {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local payload = string.rep("x", 65536)
+                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
                 local ms = tonumber(ngx.var.arg_ms)
                 local res, err = tp.slow_pool:push_tasks_timeout(0.005,
                     { { 0, payload }, { ms, payload } })
@@ -151,7 +153,7 @@ const LOCATIONS: &str = r#"
         location = /timeout {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local payload = string.rep("x", 65536)
+                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
                 local res, err = tp.slow_pool:push_task_timeout(0.005, tonumber(ngx.var.arg_ms), payload)
                 if res then
                     ngx.log(ngx.INFO, "DELIVERED ", #res)

@@ -11,11 +11,14 @@ local base = require "resty.core.base"
 local buffer = require "string.buffer"
 local new_tab = require "table.new"
 local codec = require "resty.threadpool.codec"
+local clear_tab = require "table.clear"
 
 local C = ffi.C
 local ffi_new = ffi.new
 local ffi_str = ffi.string
+local ffi_cast = ffi.cast
 local encode = codec.encode
+local encode_borrowing = codec.encode_borrowing
 local decode_results = codec.decode_results
 local get_request = base.get_request
 local get_phase = ngx.get_phase
@@ -32,16 +35,25 @@ local type = type
 local floor = math.floor
 
 ffi.cdef [[
+typedef struct {
+    const unsigned char *data;
+    size_t len;
+} ngx_threadpool_span_t;
+
 int ngx_threadpool_api_version(void);
 int ngx_threadpool_pool_id(const unsigned char *name, size_t len);
+int64_t ngx_threadpool_zero_copy(int pool);
 int ngx_threadpool_push(ngx_http_request_t *r, int pool,
-    const unsigned char *data, size_t len, int timeout_ms, uint64_t *task,
-    unsigned char *err, size_t *errlen);
+    const unsigned char *data, size_t len,
+    const ngx_threadpool_span_t *spans, size_t nspans, int timeout_ms,
+    uint64_t *task, unsigned char *err, size_t *errlen);
 int ngx_threadpool_push_batch(ngx_http_request_t *r, int pool,
     const unsigned char *data, size_t len, const size_t *lens, size_t n,
+    const ngx_threadpool_span_t *spans, const size_t *nspans,
     int timeout_ms, uint64_t *ids, unsigned char *err, size_t *errlen);
 int ngx_threadpool_result(uint64_t task, const unsigned char **data,
-    size_t *len);
+    size_t *len, const ngx_threadpool_span_t **spans, size_t *nspans);
+size_t ngx_threadpool_reaped(uint64_t *ids, size_t n);
 void ngx_threadpool_release(uint64_t task);
 void ngx_threadpool_result_done(void);
 int ngx_threadpool_stats(int pool, uint64_t *out, size_t n);
@@ -49,7 +61,7 @@ int ngx_threadpool_post(int pool, const unsigned char *data, size_t len,
     unsigned char *err, size_t *errlen);
 ]]
 
-local API_VERSION = 6
+local API_VERSION = 7
 -- Payloads larger than this are freed as soon as they are used (smaller
 -- buffers are reused: fresh pages cost more than the copies). From this
 -- size the C library maps a block on its own anyway (ngx/os.rs).
@@ -81,6 +93,8 @@ local args_buf = buffer.new()
 local task_out = ffi_new("uint64_t[1]")
 local data_out = ffi_new("const unsigned char *[1]")
 local len_out = ffi_new("size_t[1]")
+local spans_out = ffi_new("const ngx_threadpool_span_t *[1]")
+local nspans_out = ffi_new("size_t[1]")
 local err_buf = ffi_new("unsigned char[?]", ERR_BUF_SIZE)
 local err_len = ffi_new("size_t[1]")
 
@@ -111,6 +125,66 @@ local function done_with_result(...)
     return ...
 end
 
+-- Zero-copy arguments. The strings an encoding borrows (scratch) go to
+-- the module as spans; the pool thread reads them in place, so they are
+-- anchored here by task until the caller takes the result, or until the
+-- module reaps the task (it ended after its caller stopped waiting or
+-- went away: then the next push lets go of them).
+local span_arr_t = ffi.typeof("ngx_threadpool_span_t[?]")
+local u8p_t = ffi.typeof("const unsigned char *")
+local scratch = {}
+local spans_buf = span_arr_t(8)
+local spans_cap = 8
+local anchors = {}
+local anchored = 0
+local REAP_BATCH = 64
+local reaped = ffi_new("uint64_t[?]", REAP_BATCH)
+
+local function reap()
+    repeat
+        local n = tonumber(C.ngx_threadpool_reaped(reaped, REAP_BATCH))
+        for i = 0, n - 1 do
+            local id = tonumber(reaped[i])
+            if anchors[id] ~= nil then
+                anchors[id] = nil
+                anchored = anchored - 1
+            end
+        end
+    until n < REAP_BATCH
+end
+
+-- The borrowed strings as spans: spans_buf, with room for all of them.
+local function borrowed_spans()
+    local n = #scratch
+    if n > spans_cap then
+        spans_cap = n
+        spans_buf = span_arr_t(n)
+    end
+    for i = 1, n do
+        local s = scratch[i]
+        spans_buf[i - 1].data = ffi_cast(u8p_t, s)
+        spans_buf[i - 1].len = #s
+    end
+    return n
+end
+
+-- Keeps scratch[from..to] alive for the queued task id.
+local function anchor(id, from, to)
+    if from > to then
+        return
+    end
+    anchors[tonumber(id)] = from == to and scratch[from]
+                            or { unpack(scratch, from, to) }
+    anchored = anchored + 1
+end
+
+local function unanchor(id)
+    if anchors[id] ~= nil then
+        anchors[id] = nil
+        anchored = anchored - 1
+    end
+end
+
 local function bad_context(api)
     error(api .. ": API disabled in the context of " .. get_phase()
           .. " (use it in rewrite, access, content or timer, "
@@ -129,11 +203,20 @@ local function refused(rc, api)
 end
 
 -- The arguments encoded in args_buf: its pointer and length, or nil and
--- the value error.
-local function encode_args(...)
+-- the value error. With `borrow`, strings from that size go to scratch.
+local function encode_args(borrow, ...)
     args_buf:reset()
-    local ok, err = encode(args_buf, "argument", select("#", ...), ...)
+    local ok, err
+    if borrow then
+        ok, err = encode_borrowing(args_buf, "argument", scratch, borrow,
+                                   select("#", ...), ...)
+    else
+        ok, err = encode(args_buf, "argument", select("#", ...), ...)
+    end
     if not ok then
+        if borrow then
+            clear_tab(scratch)
+        end
         return nil, err
     end
     return args_buf:ref()
@@ -152,17 +235,29 @@ local function push(pool, ms, ...)
         bad_context("push_task")
     end
 
-    local p, len = encode_args(...)
+    if anchored > 0 then
+        reap()
+    end
+    local borrow = pool.borrow
+    local p, len = encode_args(borrow, ...)
     if not p then
         return nil, len
     end
+    local nspans = borrow and borrowed_spans() or 0
 
     err_len[0] = ERR_BUF_SIZE
-    local rc = C.ngx_threadpool_push(r, pool.id, p, len, ms, task_out,
-                                     err_buf, err_len)
+    task_out[0] = 0
+    local rc = C.ngx_threadpool_push(r, pool.id, p, len, spans_buf, nspans, ms,
+                                     task_out, err_buf, err_len)
     done_with_args(len)
+    local task = tonumber(task_out[0])
+    if nspans > 0 then
+        if task ~= 0 then
+            anchor(task, 1, nspans)
+        end
+        clear_tab(scratch)
+    end
     if rc == FFI_AGAIN or rc == FFI_OK then
-        local task = tonumber(task_out[0])
         if rc == FFI_AGAIN then
             local woke, werr = co_yield()
             if not woke then
@@ -171,16 +266,23 @@ local function push(pool, ms, ...)
                 return nil, werr
             end
         end
+        if nspans > 0 then
+            unanchor(task)
+        end
         -- the result stays valid until the next call into the module
-        rc = C.ngx_threadpool_result(task, data_out, len_out)
+        rc = C.ngx_threadpool_result(task, data_out, len_out, spans_out,
+                                     nspans_out)
         if rc == FFI_ERROR then
             return nil, "no result"
         end
         local len = tonumber(len_out[0])
-        if len <= LARGE_PAYLOAD then
+        local n = tonumber(nspans_out[0])
+        if len <= LARGE_PAYLOAD and n == 0 then
             return results(rc, decode_results(data_out[0], len))
         end
-        return done_with_result(results(rc, decode_results(data_out[0], len)))
+        -- large, or borrowing strings the pool thread may let go of now
+        return done_with_result(results(rc, decode_results(data_out[0], len,
+                                                           spans_out[0], n)))
     end
     return refused(rc, "push_task")
 end
@@ -197,6 +299,7 @@ local function batch_entry(rc, ok, ...)
 end
 
 local lens_buf = ffi_new("size_t[?]", 64)
+local counts_buf = ffi_new("size_t[?]", 64)
 local lens_cap = 64
 
 local function push_batch(pool, ms, list)
@@ -214,18 +317,34 @@ local function push_batch(pool, ms, list)
     if n > lens_cap then
         lens_cap = n
         lens_buf = ffi_new("size_t[?]", n)
+        counts_buf = ffi_new("size_t[?]", n)
+    end
+    if anchored > 0 then
+        reap()
     end
 
     args_buf:reset()
+    local borrow = pool.borrow
     local before = 0
     for i = 1, n do
         local args = list[i]
+        local ok, err
         if type(args) ~= "table" then
-            return nil, "task " .. i .. ": expected a table of arguments"
+            err = "expected a table of arguments"
+        else
+            local count = args.n or #args
+            local borrowed = #scratch
+            if borrow then
+                ok, err = encode_borrowing(args_buf, "argument", scratch, borrow,
+                                           count, unpack(args, 1, count))
+            else
+                ok, err = encode(args_buf, "argument", count,
+                                 unpack(args, 1, count))
+            end
+            counts_buf[i - 1] = #scratch - borrowed
         end
-        local count = args.n or #args
-        local ok, err = encode(args_buf, "argument", count, unpack(args, 1, count))
         if not ok then
+            clear_tab(scratch)
             return nil, "task " .. i .. ": " .. err
         end
         local size = #args_buf
@@ -233,14 +352,27 @@ local function push_batch(pool, ms, list)
         before = size
     end
     local p, len = args_buf:ref()
+    local nspans = borrow and borrowed_spans() or 0
 
     -- Per call: the handles must outlive the yield, during which other
     -- requests push.
     local ids = ffi_new("uint64_t[?]", n)
     err_len[0] = ERR_BUF_SIZE
-    local rc = C.ngx_threadpool_push_batch(r, pool.id, p, len, lens_buf, n, ms,
-                                           ids, err_buf, err_len)
+    local rc = C.ngx_threadpool_push_batch(r, pool.id, p, len, lens_buf, n,
+                                           spans_buf, nspans > 0 and counts_buf
+                                           or nil, ms, ids, err_buf, err_len)
     done_with_args(len)
+    if nspans > 0 then
+        if ids[0] ~= 0 then
+            local from = 1
+            for i = 0, n - 1 do
+                local to = from + tonumber(counts_buf[i])
+                anchor(ids[i], from, to - 1)
+                from = to
+            end
+        end
+        clear_tab(scratch)
+    end
     if rc == FFI_AGAIN or rc == FFI_OK then
         if rc == FFI_AGAIN then
             local woke, werr = co_yield()
@@ -253,13 +385,20 @@ local function push_batch(pool, ms, list)
         end
         local out = new_tab(n, 0)
         for i = 0, n - 1 do
-            rc = C.ngx_threadpool_result(ids[i], data_out, len_out)
+            if nspans > 0 then
+                unanchor(tonumber(ids[i]))
+            end
+            rc = C.ngx_threadpool_result(ids[i], data_out, len_out, spans_out,
+                                         nspans_out)
             if rc == FFI_ERROR then
                 out[i + 1] = { false, "no result", n = 2 }
             else
                 local size = tonumber(len_out[0])
-                out[i + 1] = batch_entry(rc, decode_results(data_out[0], size))
-                if size > LARGE_PAYLOAD then
+                local borrowed = tonumber(nspans_out[0])
+                out[i + 1] = batch_entry(rc, decode_results(data_out[0], size,
+                                                            spans_out[0],
+                                                            borrowed))
+                if size > LARGE_PAYLOAD or borrowed > 0 then
                     C.ngx_threadpool_result_done()
                 end
             end
@@ -339,7 +478,8 @@ end
 -- by the module and counted.
 function Pool.post_task(self, ...)
     check_self(self, "post_task")
-    local p, len = encode_args(...)
+    -- nobody would hear when a thread is done with borrowed strings
+    local p, len = encode_args(nil, ...)
     if not p then
         return nil, len
     end
@@ -385,8 +525,12 @@ return setmetatable(_M, {
             error("resty.threadpool: no thread pool \"" .. name
                   .. "\" with a thread_pool_process_by_lua handler", 2)
         end
+        -- borrow: the smallest string passed in place (nil: copy all)
+        local zero_copy = tonumber(C.ngx_threadpool_zero_copy(id))
         local pool = setmetatable({ name = name, id = id,
-                                    timeout_ms = DEFAULT_TIMEOUT * 1000 },
+                                    timeout_ms = DEFAULT_TIMEOUT * 1000,
+                                    borrow = zero_copy > 0 and zero_copy
+                                             or nil },
                                   Pool)
         rawset(t, name, pool)
         return pool

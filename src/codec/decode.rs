@@ -1,8 +1,7 @@
 //! The decoder: a payload into Lua values of a pool thread's state, built
 //! straight from the msgpack stream on the raw stack (stack.rs).
 
-use super::wire::NEST_SLOTS;
-use super::wire::{MAX_DEPTH, MAX_VALUES, NOT_ENOUGH_MEMORY};
+use super::wire::{Span, BORROWED, MAX_DEPTH, MAX_VALUES, NEST_SLOTS, NOT_ENOUGH_MEMORY};
 use crate::lua::stack::{build_values, Builder};
 use mlua::{Lua, MultiValue};
 use serde::de::{
@@ -15,7 +14,20 @@ use std::io;
 /// Decodes a payload into Lua values in `lua`.  Absent positions are nil;
 /// msgpack nil becomes `Value::NULL` (ngx.null).
 pub fn decode_values(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
-    decode_inner(lua, bytes).map_err(|e| {
+    // SAFETY: without spans, nothing is read outside `bytes`.
+    unsafe { decode_borrowing(lua, bytes, &[]) }
+}
+
+/// As decode_values, for a payload whose borrowed strings are `spans`.
+///
+/// # Safety
+/// The bytes of every span must be alive (see Span).
+pub unsafe fn decode_borrowing(
+    lua: &Lua,
+    bytes: &[u8],
+    spans: &[Span],
+) -> Result<MultiValue, String> {
+    decode_inner(lua, bytes, spans).map_err(|e| {
         if e == NOT_ENOUGH_MEMORY {
             e
         } else {
@@ -24,7 +36,7 @@ pub fn decode_values(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
     })
 }
 
-fn decode_inner(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
+fn decode_inner(lua: &Lua, bytes: &[u8], spans: &[Span]) -> Result<MultiValue, String> {
     let mut rd = bytes;
     let n: u64 = rmp::decode::read_int(&mut rd).map_err(|_| "bad value count".to_string())?;
     if n > MAX_VALUES as u64 {
@@ -36,14 +48,19 @@ fn decode_inner(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
         return Err("more values than the count".to_string());
     }
     build_values(lua, n, NEST_SLOTS, |b| {
-        decode_entries(b, rd, n, k, bytes.len())
+        let seed = ValueSeed {
+            b,
+            depth: 0,
+            cap: bytes.len(),
+            spans,
+        };
+        decode_entries(seed, rd, n, k)
     })
 }
 
 /// Decodes the `k` map entries left in `rd` into the `n` value slots.
-fn decode_entries(b: &Builder, rd: &[u8], n: usize, k: usize, cap: usize) -> Result<(), String> {
+fn decode_entries(seed: ValueSeed, rd: &[u8], n: usize, k: usize) -> Result<(), String> {
     let mut de = rmp_serde::Deserializer::from_read_ref(rd);
-    let seed = ValueSeed { b, depth: 0, cap };
     for _ in 0..k {
         let pos = u64::deserialize(&mut de).map_err(|e| format!("bad position: {e}"))?;
         let pos = usize::try_from(pos)
@@ -51,7 +68,7 @@ fn decode_entries(b: &Builder, rd: &[u8], n: usize, k: usize, cap: usize) -> Res
             .filter(|p| (1..=n).contains(p))
             .ok_or_else(|| "bad position".to_string())?;
         seed.deserialize(&mut de).map_err(|e| e.to_string())?;
-        b.place(pos);
+        seed.b.place(pos);
     }
     // The slice reader does not say what is left, but reading an option
     // takes exactly one marker byte, and only an empty input fails there.
@@ -101,6 +118,9 @@ struct ValueSeed<'b> {
     /// Upper bound for table preallocation: a count in a corrupt payload must
     /// not make us allocate more than the payload could hold.
     cap: usize,
+    /// The payload's borrowed strings; their bytes are alive (see
+    /// decode_borrowing).
+    spans: &'b [Span],
 }
 
 impl ValueSeed<'_> {
@@ -186,6 +206,14 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
         Ok(Pushed::Other)
     }
 
+    /// An ext type: only a borrowed string is one.
+    fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<Pushed, D::Error> {
+        let span = d.deserialize_any(SpanOf(self.spans))?;
+        // SAFETY: the spans' bytes are alive (decode_borrowing's contract).
+        self.b.push_bytes(unsafe { span.bytes() });
+        Ok(Pushed::Other)
+    }
+
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Pushed, A::Error> {
         self.check_depth()?;
         let t = self.push_table(seq.size_hint().unwrap_or(0), 0);
@@ -213,6 +241,30 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
             self.b.set_field(t);
         }
         Ok(Pushed::Other)
+    }
+}
+
+/// Reads a borrowed string's ext (tag, index) into its span.
+struct SpanOf<'s>(&'s [Span]);
+
+impl<'de> Visitor<'de> for SpanOf<'_> {
+    type Value = Span;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a borrowed string")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut ext: A) -> Result<Span, A::Error> {
+        let bad = || de::Error::custom("bad borrowed string");
+        if ext.next_element::<i8>()? != Some(BORROWED) {
+            return Err(de::Error::custom("unsupported msgpack ext type"));
+        }
+        let data: &[u8] = ext.next_element()?.ok_or_else(bad)?;
+        let index = <[u8; 4]>::try_from(data).map_err(|_| bad())?;
+        self.0
+            .get(u32::from_be_bytes(index) as usize)
+            .copied()
+            .ok_or_else(bad)
     }
 }
 

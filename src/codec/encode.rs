@@ -4,12 +4,12 @@
 
 use super::message::{escape, format_g14, lua_type_name, size_message, type_name, Ctx, Kind};
 use super::wire::{
-    as_int, bin_header_len, CountingWriter, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
-    NOT_ENOUGH_MEMORY,
+    as_int, bin_header_len, CountingWriter, Span, BORROWED, BORROWED_EXT_LEN, EXT, MAX_DEPTH,
+    MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS, NOT_ENOUGH_MEMORY,
 };
 use crate::lua::stack::{self, Slot};
 use mlua::ffi;
-use mlua::{MultiValue, Table, Value};
+use mlua::{LuaString, MultiValue, Table, Value};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
@@ -18,15 +18,60 @@ use std::ffi::c_int;
 /// error messages ("argument", "return value").  On error `out` is left as
 /// it was.
 pub fn encode_values(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(), String> {
+    encode_borrowing(values, out, what, None)
+}
+
+/// Where the values' large strings go instead of the payload: the strings
+/// of at least `min` bytes that are values themselves (not inside a table:
+/// a table can change after it was returned, a string cannot) become spans
+/// of the payload, and `strings` holds them so that the caller can keep
+/// them alive.
+pub struct Borrow<'a> {
+    pub min: usize,
+    pub spans: &'a mut Vec<Span>,
+    pub strings: &'a mut Vec<LuaString>,
+}
+
+impl Borrow<'_> {
+    /// The span index of `st` when it is borrowed.
+    fn take(&mut self, st: &LuaString, len: usize) -> Option<u32> {
+        if len < self.min {
+            return None;
+        }
+        let index = u32::try_from(self.spans.len()).ok()?;
+        self.spans.push(Span::of(&st.as_bytes()));
+        self.strings.push(st.clone());
+        Some(index)
+    }
+}
+
+/// As encode_values, borrowing large strings when `borrow` says so. On
+/// error, nothing is left borrowed.
+pub fn encode_borrowing(
+    values: &MultiValue,
+    out: &mut Vec<u8>,
+    what: &str,
+    mut borrow: Option<Borrow>,
+) -> Result<(), String> {
     let start = out.len();
-    let res = encode_into(values, out, what);
+    let borrowed = borrow.as_ref().map_or(0, |b| b.spans.len());
+    let res = encode_into(values, out, what, borrow.as_mut());
     if res.is_err() {
         out.truncate(start);
+        if let Some(b) = borrow {
+            b.spans.truncate(borrowed);
+            b.strings.truncate(borrowed);
+        }
     }
     res
 }
 
-fn encode_into(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(), String> {
+fn encode_into(
+    values: &MultiValue,
+    out: &mut Vec<u8>,
+    what: &str,
+    borrow: Option<&mut Borrow>,
+) -> Result<(), String> {
     let n = values.len();
     // The Lua side only checks this on its multi-value path, where n can be
     // that large; one value always passes, so the order of checks agrees.
@@ -51,6 +96,7 @@ fn encode_into(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(),
         written: &written,
         err: RefCell::new(None),
     };
+    let borrow = RefCell::new(borrow);
     let mut ser = rmp_serde::Serializer::new(&mut w);
     for (i, v) in values.iter().enumerate() {
         if v.is_nil() {
@@ -60,7 +106,11 @@ fn encode_into(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(),
         (&mut ser)
             .serialize_u64(pos as u64)
             .map_err(|_| NOT_ENOUGH_MEMORY.to_string())?;
-        let enc = Enc { v, ctx: &ctx };
+        let enc = Enc {
+            v,
+            ctx: &ctx,
+            borrow: &borrow,
+        };
         if let Err(e) = enc.serialize(&mut ser) {
             if oom.get() {
                 return Err(NOT_ENOUGH_MEMORY.into());
@@ -75,18 +125,29 @@ fn encode_into(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(),
 }
 
 /// A top-level value being encoded.
-struct Enc<'a, 'c> {
+struct Enc<'a, 'c, 'b, 'd> {
     v: &'a Value,
     ctx: &'a Ctx<'c>,
+    borrow: &'a RefCell<Option<&'b mut Borrow<'d>>>,
 }
 
-impl Serialize for Enc<'_, '_> {
+impl Serialize for Enc<'_, '_, '_, '_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self.v {
             Value::Boolean(b) => s.serialize_bool(*b),
             Value::Integer(i) => s.serialize_i64(*i),
             Value::Number(f) => serialize_number(*f, s),
-            Value::String(st) => serialize_string(&st.as_bytes(), self.ctx, s),
+            Value::String(st) => {
+                let bytes = st.as_bytes();
+                let borrowed = match self.borrow.borrow_mut().as_mut() {
+                    Some(b) => b.take(st, bytes.len()),
+                    None => None,
+                };
+                match borrowed {
+                    Some(index) => serialize_borrowed(index, bytes.len(), self.ctx, s),
+                    None => serialize_string(&bytes, self.ctx, s),
+                }
+            }
             Value::Table(t) => serialize_table(t, self.ctx, s),
             // ngx.null; Nil only reaches here if a caller nests it oddly.
             Value::LightUserData(ud) if ud.0.is_null() => s.serialize_unit(),
@@ -112,6 +173,34 @@ fn serialize_string<S: Serializer>(bytes: &[u8], ctx: &Ctx, s: S) -> Result<S::O
         return Err(ctx.fail(Kind::Size));
     }
     s.serialize_bytes(bytes)
+}
+
+/// A borrowed string: an ext holding its span's index. It counts towards
+/// MAX_PAYLOAD as if copied, so that the limit does not depend on what is
+/// borrowed.
+fn serialize_borrowed<S: Serializer>(
+    index: u32,
+    len: usize,
+    ctx: &Ctx,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let copied = bin_header_len(len) + len;
+    if ctx.written.get() + copied > MAX_PAYLOAD {
+        return Err(ctx.fail(Kind::Size));
+    }
+    // the writer counts the ext itself
+    ctx.written
+        .set(ctx.written.get() + copied - BORROWED_EXT_LEN);
+    s.serialize_newtype_struct(EXT, &(BORROWED, ExtData(&index.to_be_bytes())))
+}
+
+/// An ext type's data, which rmp-serde wants as bytes.
+struct ExtData<'a>(&'a [u8]);
+
+impl Serialize for ExtData<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
 }
 
 /// Encodes a top-level table: pushes it and walks it on the raw stack.

@@ -10,6 +10,9 @@
 //!
 //! `n` is the number of values (`select('#', ...)`); only the non-nil ones
 //! are in the map, so nils, trailing ones included, survive the trip.
+//! A string of at least the pool's `thread_pool_zero_copy` size may instead
+//! be borrowed: the payload holds an ext (type 1, the big-endian u32 index
+//! of a `Span`) and travels with the spans, read in place when decoded.
 //! `ngx.null` (the NULL light userdata) is msgpack nil; integral numbers use
 //! the smallest int encoding, others float64; strings are always bin; a table
 //! whose keys are exactly `1..n` is an array, any other table a map.
@@ -57,10 +60,10 @@ mod encode;
 mod message;
 mod wire;
 
-pub use decode::{decode_values, error_text};
-pub use encode::encode_values;
+pub use decode::{decode_borrowing, decode_values, error_text};
+pub use encode::{encode_borrowing, encode_values, Borrow};
 pub use message::type_name;
-pub use wire::{encode_string, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NOT_ENOUGH_MEMORY};
+pub use wire::{encode_string, Span, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NOT_ENOUGH_MEMORY};
 
 #[cfg(test)]
 mod tests;

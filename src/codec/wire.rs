@@ -17,6 +17,52 @@ pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 pub const MAX_VALUES: usize = 4096;
 pub use crate::lua::NOT_ENOUGH_MEMORY;
 
+/// The msgpack ext type of a borrowed string: a large string that is not
+/// copied into the payload but read in place where the payload is decoded.
+/// Its data is the big-endian u32 index of the payload's `Span` holding it.
+pub const BORROWED: i8 = 1;
+
+/// Bytes of a borrowed string's ext in the payload (fixext 4).
+pub(super) const BORROWED_EXT_LEN: usize = 6;
+
+/// The name under which rmp-serde writes and reads ext types.
+pub(super) const EXT: &str = "_ExtStruct";
+
+/// The bytes of a borrowed string. Whoever hands a payload with spans over
+/// keeps their bytes alive and unchanged until the payload is done with:
+/// the shim anchors a caller's strings until the task's completion reaches
+/// the event loop; a pool thread pins its result strings until the event
+/// loop drops the result (worker/threads.rs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    pub data: *const u8,
+    pub len: usize,
+}
+
+// SAFETY: a Span is a pointer to immutable bytes kept alive by their owner
+// (above) for as long as the Span is read, from whichever thread reads it.
+unsafe impl Send for Span {}
+
+impl Span {
+    pub fn of(bytes: &[u8]) -> Span {
+        Span {
+            data: bytes.as_ptr(),
+            len: bytes.len(),
+        }
+    }
+
+    /// # Safety
+    /// The bytes must still be kept alive by their owner (see Span).
+    pub unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+}
+
 const TWO63: f64 = 9_223_372_036_854_775_808.0;
 
 /// Lua stack slots that walking or building MAX_DEPTH nested tables needs

@@ -76,6 +76,17 @@ impl Conf {
         u64::try_from(ms).ok()
     }
 
+    /// A size in nginx's syntax (`512`, `16k`, `1m`) in bytes.
+    pub fn parse_size(&self, word: &[u8]) -> Option<usize> {
+        let mut s = sys::ngx_str_t {
+            len: word.len(),
+            data: word.as_ptr() as *mut u8,
+        };
+        // SAFETY: ngx_parse_size only reads the string.
+        let size = unsafe { sys::ngx_parse_size(&mut s) };
+        usize::try_from(size).ok()
+    }
+
     /// The line nginx's tokenizer is on in the current file (0 without one).
     pub fn line(&self) -> usize {
         // SAFETY: conf_file is set while a file is being parsed.

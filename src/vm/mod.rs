@@ -10,7 +10,10 @@ pub use ngx_api::NgxEnv;
 use crate::codec;
 use crate::ngx::log::Log;
 use chunk::{error_text, Chunk, Style};
-use mlua::{Function, Lua, MultiValue, Value};
+use mlua::{Function, Lua, LuaString, MultiValue, Value};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What a thread needs to build its state; cloned into every thread.
 #[derive(Clone)]
@@ -23,9 +26,16 @@ pub struct Spec {
     pub package_cpath: Option<Vec<u8>>,
     pub log: Option<Log>,
     pub ngx: NgxEnv,
+    /// Result strings of at least this many bytes are borrowed by the
+    /// event loop (`thread_pool_zero_copy`; None: copied).
+    pub zero_copy: Option<usize>,
 }
 
 pub struct ThreadVm {
+    /// Result strings the event loop reads in place, by pin key, until it
+    /// lets go of them (dropped before the state is closed).
+    pins: RefCell<HashMap<PinKey, Vec<LuaString>>>,
+    zero_copy: Option<usize>,
     lua: Lua,
     /// The handler under protect.lua: returns ok, values... or false, err.
     call: Function,
@@ -41,6 +51,12 @@ impl Drop for ThreadVm {
         crate::lua::restore_allocator(&self.lua, &self.allocator);
     }
 }
+
+/// Names the result strings of one task that a state keeps alive; unique
+/// in the process, so a key finds its state after a rebuild too.
+pub type PinKey = u64;
+
+static NEXT_PIN: AtomicU64 = AtomicU64::new(1);
 
 /// How a task went, for the thread that ran it.
 #[derive(Debug, PartialEq, Eq)]
@@ -109,6 +125,8 @@ impl ThreadVm {
         };
         match setup() {
             Ok((call, collect)) => Ok(ThreadVm {
+                pins: RefCell::default(),
+                zero_copy: spec.zero_copy,
                 lua,
                 call,
                 collect,
@@ -123,12 +141,21 @@ impl ThreadVm {
         }
     }
 
-    /// Runs one task: `payload` holds the encoded arguments on entry and the
-    /// encoded results (or the error value) on return.
-    pub fn run(&self, payload: &mut Vec<u8>) -> Outcome {
-        let args = match codec::decode_values(&self.lua, payload) {
+    /// Runs one task: `payload` and `spans` hold the encoded arguments on
+    /// entry and the encoded results (or the error value) on return. With
+    /// borrowed results, the key under which their strings stay pinned
+    /// until `unpin`.
+    ///
+    /// # Safety
+    /// The bytes of `spans` must be alive until this returns (the shim
+    /// anchors them until the completion).
+    pub unsafe fn run(&self, payload: &mut Vec<u8>, spans: &mut Vec<codec::Span>) -> Ran {
+        // SAFETY: forwarded from the caller.
+        let args = unsafe { codec::decode_borrowing(&self.lua, payload, spans) };
+        spans.clear();
+        let args = match args {
             Ok(args) => args,
-            Err(e) => return fail_with(payload, e),
+            Err(e) => return Ran::from(fail_with(payload, e)),
         };
         let mut out = match self.call.call::<MultiValue>(args) {
             Ok(out) => out,
@@ -136,16 +163,13 @@ impl ThreadVm {
             Err(e) => {
                 let msg = error_text(&e);
                 fail(payload, &msg);
-                return Outcome::Broken(msg);
+                return Ran::from(Outcome::Broken(msg));
             }
         };
         let ok = matches!(out.pop_front(), Some(Value::Boolean(true)));
         payload.clear();
         if ok {
-            return match codec::encode_values(&out, payload, "return value") {
-                Ok(()) => Outcome::Done,
-                Err(e) => fail_with(payload, e),
-            };
+            return self.results(&out, payload, spans);
         }
         // error(x): pass x itself when it can cross (a string, a table),
         // else its tostring; error() and error(nil) still give the caller
@@ -153,19 +177,70 @@ impl ThreadVm {
         let err = out.pop_front().unwrap_or(Value::Nil);
         if err.is_nil() {
             fail(payload, "error raised with a nil value");
-            return Outcome::Failed;
+            return Ran::from(Outcome::Failed);
         }
         if let Value::String(s) = &err {
             if s.as_bytes().as_ref() == codec::NOT_ENOUGH_MEMORY.as_bytes() {
                 fail(payload, codec::NOT_ENOUGH_MEMORY);
-                return Outcome::Broken(codec::NOT_ENOUGH_MEMORY.into());
+                return Ran::from(Outcome::Broken(codec::NOT_ENOUGH_MEMORY.into()));
             }
         }
         let err = MultiValue::from_iter([err]);
         if codec::encode_values(&err, payload, "error value").is_err() {
             fail(payload, &error_value_text(err[0].clone()));
         }
-        Outcome::Failed
+        Ran::from(Outcome::Failed)
+    }
+
+    /// Encodes the handler's return values, borrowing the large strings.
+    fn results(
+        &self,
+        out: &MultiValue,
+        payload: &mut Vec<u8>,
+        spans: &mut Vec<codec::Span>,
+    ) -> Ran {
+        let mut strings = Vec::new();
+        let borrow = self.zero_copy.map(|min| codec::Borrow {
+            min,
+            spans,
+            strings: &mut strings,
+        });
+        if let Err(e) = codec::encode_borrowing(out, payload, "return value", borrow) {
+            return Ran::from(fail_with(payload, e));
+        }
+        let pin = (!strings.is_empty()).then(|| {
+            let key = NEXT_PIN.fetch_add(1, Ordering::Relaxed);
+            self.pins.borrow_mut().insert(key, strings);
+            key
+        });
+        Ran {
+            outcome: Outcome::Done,
+            pin,
+        }
+    }
+
+    /// Lets go of the result strings pinned under `key`; false if this
+    /// state holds none under it.
+    pub fn unpin(&self, key: PinKey) -> bool {
+        self.pins.borrow_mut().remove(&key).is_some()
+    }
+
+    /// Whether some result strings of this state are still read in place.
+    pub fn has_pins(&self) -> bool {
+        !self.pins.borrow().is_empty()
+    }
+}
+
+/// What running a task gave: how it went, and the key of its borrowed
+/// result strings.
+pub struct Ran {
+    pub outcome: Outcome,
+    pub pin: Option<PinKey>,
+}
+
+impl From<Outcome> for Ran {
+    fn from(outcome: Outcome) -> Ran {
+        Ran { outcome, pin: None }
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod error;
 pub mod gate;
+pub mod payload;
 pub mod stats;
 pub mod tasks;
 mod threads;
@@ -16,10 +17,12 @@ mod watchdog;
 pub use error::WorkerError;
 use stats::PoolStats;
 
+use crate::codec::Span;
 use crate::ngx::log;
 use crate::ngx::os::Scheduling;
 use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
+use payload::Payload;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -46,8 +49,9 @@ pub struct Worker {
     completions: Receiver<Completion>,
     pub tasks: Tasks,
     /// The payload of the last result handed to the shim: it stays here
-    /// until the next result, so the shim decodes it in place.
-    pub last_result: Vec<u8>,
+    /// (and the strings it borrows stay pinned) until the next result, so
+    /// the shim decodes it in place.
+    pub last_result: Payload,
     /// Set at exit: threads drop queued jobs instead of running them.
     stopping: Arc<AtomicBool>,
     /// The watchdog of slow tasks: closing the sender stops it.
@@ -171,7 +175,7 @@ impl Worker {
             pools,
             completions: done_rx,
             tasks,
-            last_result: Vec::new(),
+            last_result: Payload::default(),
             stopping,
             watchdog,
         };
@@ -182,12 +186,14 @@ impl Worker {
     /// Queues a task for pool `pool` with the encoded arguments `args`.
     ///
     /// # Safety
-    /// `owner` must be the pushing request's task list (see Tasks::start).
+    /// `owner` must be the pushing request's task list (see Tasks::start);
+    /// the caller keeps the bytes of the arguments' spans alive until the
+    /// task is reaped or its result taken.
     pub unsafe fn push(
         &mut self,
         pool: usize,
         owner: *mut RequestTasks,
-        args: &[u8],
+        args: Args,
     ) -> Result<TaskId, WorkerError> {
         // SAFETY: forwarded from the caller.
         unsafe { self.enqueue(pool, Some(owner), args) }
@@ -203,7 +209,7 @@ impl Worker {
         &mut self,
         pool: usize,
         owner: *mut RequestTasks,
-        payloads: impl ExactSizeIterator<Item = &'a [u8]>,
+        payloads: impl ExactSizeIterator<Item = Args<'a>>,
     ) -> Result<Vec<TaskId>, WorkerError> {
         let p = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let queued = p.jobs.as_ref().ok_or(WorkerError::Stopped)?.len();
@@ -230,9 +236,14 @@ impl Worker {
         Ok(ids)
     }
 
-    /// Queues a task whose result nobody takes (post_task).
+    /// Queues a task whose result nobody takes (post_task): its arguments
+    /// borrow nothing, as nobody would hear when they are free.
     pub fn post(&mut self, pool: usize, args: &[u8]) -> Result<(), WorkerError> {
-        // SAFETY: a posted task has no record, hence no owner.
+        let args = Args {
+            bytes: args,
+            spans: &[],
+        };
+        // SAFETY: a posted task has no record, hence no owner, and no spans.
         unsafe { self.enqueue(pool, None, args) }.map(|_| ())
     }
 
@@ -242,7 +253,7 @@ impl Worker {
         &mut self,
         pool: usize,
         owner: Option<*mut RequestTasks>,
-        args: &[u8],
+        args: Args,
     ) -> Result<TaskId, WorkerError> {
         let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
@@ -251,16 +262,22 @@ impl Worker {
             PoolStats::add(&pool.stats.rejected);
             return Err(WorkerError::QueueFull);
         }
-        let mut payload = self.tasks.buffer();
+        let mut bytes = self.tasks.buffer();
         // The size comes from the caller's values: fail, do not abort.
-        if payload.try_reserve(args.len()).is_err() {
+        if bytes.try_reserve(args.bytes.len()).is_err() {
             return Err(WorkerError::NoMemory);
         }
-        payload.extend_from_slice(args);
+        bytes.extend_from_slice(args.bytes);
+        let borrowed = !args.spans.is_empty();
         let task = match owner {
             // SAFETY: forwarded from the caller.
-            Some(owner) => unsafe { self.tasks.start(owner, index) }?,
+            Some(owner) => unsafe { self.tasks.start(owner, index, borrowed) }?,
             None => POSTED,
+        };
+        let payload = Payload {
+            bytes,
+            spans: args.spans.to_vec(),
+            pinned: None,
         };
         PoolStats::add(&pool.stats.queued);
         let job = Job {
@@ -286,9 +303,10 @@ impl Worker {
             gate::task_started();
         }
         log::debug(format_args!(
-            "task {task:#x} queued for thread pool \"{}\", {} bytes",
+            "task {task:#x} queued for thread pool \"{}\", {} bytes, borrowed {}",
             pool.name,
-            args.len()
+            args.bytes.len(),
+            args.spans.len()
         ));
         Ok(task)
     }
@@ -309,6 +327,14 @@ impl Worker {
             }
         }
     }
+}
+
+/// A task's encoded arguments as the shim hands them over: the payload
+/// and the strings it borrows.
+#[derive(Clone, Copy)]
+pub struct Args<'a> {
+    pub bytes: &'a [u8],
+    pub spans: &'a [Span],
 }
 
 /// Takes every completion posted so far (the event loop's wake-up).

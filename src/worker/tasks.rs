@@ -6,6 +6,7 @@
 //! only marked, and the completion that arrives later frees it. The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
+use super::payload::Payload;
 use super::stats::PoolStats;
 use super::{with_worker, WorkerError};
 use crate::ngx::log;
@@ -48,8 +49,11 @@ struct Slot {
     /// Posted and not yet consumed by a successful wait: such a semaphore
     /// still holds a resource and cannot be reused.
     sema_posted: bool,
-    result: Vec<u8>,
+    result: Payload,
     failed: bool,
+    /// The arguments borrow strings of the caller, which the shim keeps
+    /// alive until it takes the result or hears the task is reaped.
+    borrowed: bool,
     /// The pool the task was pushed to (an index in Tasks::stats).
     pool: u32,
     /// The request's task list this record is on (NONE when on none).
@@ -94,6 +98,9 @@ pub struct Tasks {
     free: Vec<u32>,
     /// Result buffers kept for reuse, so steady state allocates nothing.
     spare: Vec<Vec<u8>>,
+    /// Tasks with borrowed arguments that ended without their caller
+    /// taking the result: the shim may now let go of those strings.
+    reaped: Vec<TaskId>,
     /// Each pool's counters, by pool index.
     pub stats: Vec<&'static PoolStats>,
 }
@@ -121,7 +128,10 @@ impl Tasks {
 
     /// Returns a payload buffer for reuse (small ones only: a 1 MiB payload
     /// should not pin 1 MiB per spare).
-    pub fn recycle(&mut self, mut buf: Vec<u8>) {
+    /// The rest of the payload is dropped: a thread's pin on borrowed
+    /// results is let go of.
+    pub fn recycle(&mut self, payload: Payload) {
+        let mut buf = payload.bytes;
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
@@ -136,6 +146,7 @@ impl Tasks {
         &mut self,
         owner: *mut RequestTasks,
         pool: usize,
+        borrowed: bool,
     ) -> Result<TaskId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -146,8 +157,9 @@ impl Tasks {
                     state: State::Free,
                     sema: None,
                     sema_posted: false,
-                    result: Vec::new(),
+                    result: Payload::default(),
                     failed: false,
+                    borrowed: false,
                     owner: std::ptr::null_mut(),
                     leader: NONE,
                     waiting: 0,
@@ -170,6 +182,7 @@ impl Tasks {
         }
         slot.state = State::Running;
         slot.failed = false;
+        slot.borrowed = borrowed;
         slot.pool = pool as u32;
         let id = (u64::from(slot.gen) << 32) | u64::from(index);
         self.link(index, owner);
@@ -202,20 +215,22 @@ impl Tasks {
 
     /// Takes the result of a Done task, and whether the handler failed, and
     /// frees the record. Taking it means the caller's wait consumed the post.
-    pub fn take_result(&mut self, id: TaskId) -> Option<(Vec<u8>, bool)> {
+    pub fn take_result(&mut self, id: TaskId) -> Option<(Payload, bool)> {
         let (gen, index) = split(id);
         let slot = self.slots.get_mut(index as usize)?;
         if slot.gen != gen || slot.state != State::Done {
             return None;
         }
         slot.sema_posted = false;
+        // the caller lets go of its strings itself
+        slot.borrowed = false;
         let failed = slot.failed;
         Some((self.release_index(index), failed))
     }
 
     /// A completion from a pool thread. Returns the payload buffer when no
     /// one wants it.
-    pub fn complete(&mut self, id: TaskId, payload: Vec<u8>, failed: bool) -> Option<Vec<u8>> {
+    pub fn complete(&mut self, id: TaskId, payload: Payload, failed: bool) -> Option<Payload> {
         let (gen, index) = split(id);
         let Some(slot) = self.slots.get_mut(index as usize) else {
             return Some(payload);
@@ -261,7 +276,7 @@ impl Tasks {
 
     /// The caller is done with the task: a finished record is freed, a
     /// running one is abandoned (its completion will free it).
-    pub fn release(&mut self, id: TaskId, why: Release) -> Option<Vec<u8>> {
+    pub fn release(&mut self, id: TaskId, why: Release) -> Option<Payload> {
         let (gen, index) = split(id);
         let slot = self.slots.get(index as usize)?;
         if slot.gen != gen {
@@ -289,9 +304,14 @@ impl Tasks {
         }
     }
 
-    fn release_index(&mut self, index: u32) -> Vec<u8> {
+    fn release_index(&mut self, index: u32) -> Payload {
         self.unlink(index);
         let slot = &mut self.slots[index as usize];
+        if slot.borrowed {
+            slot.borrowed = false;
+            self.reaped
+                .push((u64::from(slot.gen) << 32) | u64::from(index));
+        }
         if slot.sema_posted {
             // A post nobody consumed: the semaphore keeps a resource.
             slot.sema = None;
@@ -309,7 +329,7 @@ impl Tasks {
     ///
     /// # Safety
     /// `owner` must be the live RequestTasks being dropped.
-    pub unsafe fn release_request(&mut self, owner: *mut RequestTasks) -> Vec<Vec<u8>> {
+    pub unsafe fn release_request(&mut self, owner: *mut RequestTasks) -> Vec<Payload> {
         let mut bufs = Vec::new();
         // SAFETY: the caller vouches for owner.
         while let Some(index) = Some(unsafe { (*owner).head }).filter(|&h| h != NONE) {
@@ -361,6 +381,16 @@ impl Tasks {
         s.owner = std::ptr::null_mut();
         s.prev = NONE;
         s.next = NONE;
+    }
+
+    /// Moves at most `out.len()` reaped tasks (see `reaped`) into `out`;
+    /// returns how many.
+    pub fn take_reaped(&mut self, out: &mut [TaskId]) -> usize {
+        let n = out.len().min(self.reaped.len());
+        let from = self.reaped.len() - n;
+        out[..n].copy_from_slice(&self.reaped[from..]);
+        self.reaped.truncate(from);
+        n
     }
 
     /// Drops every record and semaphore (worker exit).

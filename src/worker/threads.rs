@@ -1,14 +1,15 @@
 //! A pool thread: its Lua state, its loop over the pool's job channel, and
 //! how it goes idle.
 
+use super::payload::{Payload, Pinned};
 use super::stats::PoolStats;
 use super::tasks::{TaskId, LARGE, POSTED};
 use super::watchdog::Running;
 use crate::codec;
 use crate::ngx::os::{self, Scheduling};
 use crate::ngx::{guard, log, notify};
-use crate::vm::{self, Outcome, Spec, ThreadVm};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crate::vm::{self, Outcome, PinKey, Ran, Spec, ThreadVm};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +22,9 @@ pub(super) const THREAD_STACK_SIZE: usize = 8 << 20;
 /// A task on its way to a pool thread.
 pub struct Job {
     pub task: TaskId,
-    pub payload: Vec<u8>,
+    /// The arguments; the shim keeps their spans' strings alive until the
+    /// completion reaches the event loop.
+    pub payload: Payload,
     pub queued_at: Instant,
 }
 
@@ -44,7 +47,7 @@ pub struct Watch {
 /// A finished task on its way back: the payload now holds the results.
 pub struct Completion {
     pub task: TaskId,
-    pub payload: Vec<u8>,
+    pub payload: Payload,
     pub failed: bool,
 }
 
@@ -93,6 +96,20 @@ pub(super) fn thread_main(
         );
     }
     let mut vm = build();
+    // States rebuilt while the event loop still read result strings of
+    // theirs: kept until it has let go of them.
+    let mut retired: Vec<ThreadVm> = Vec::new();
+    let (unpin_tx, unpin_rx) = unbounded::<PinKey>();
+    let unpin = |vm: &Result<ThreadVm, String>, retired: &mut Vec<ThreadVm>| {
+        for key in unpin_rx.try_iter() {
+            if !vm.as_ref().is_ok_and(|vm| vm.unpin(key)) {
+                for old in retired.iter() {
+                    old.unpin(key);
+                }
+                retired.retain(ThreadVm::has_pins);
+            }
+        }
+    };
     let mut spin = Spin::default();
     // Payload bytes handled since the thread last gave memory back.
     let mut handled = 0;
@@ -106,16 +123,18 @@ pub(super) fn thread_main(
         os::give_back_free_memory();
     };
     loop {
+        unpin(&vm, &mut retired);
         let mut job = match next_job(&jobs, handled >= LARGE, &mut spin) {
             Next::Job(job) => job,
             Next::Idle => {
+                unpin(&vm, &mut retired);
                 give_back(&vm);
                 handled = 0;
                 continue;
             }
             Next::Closed => break,
         };
-        handled += job.payload.len();
+        handled += job.payload.bytes.len() + borrowed_bytes(&job.payload);
         PoolStats::sub(&stats.queued);
         if stopping.load(Ordering::Relaxed) {
             continue;
@@ -128,16 +147,23 @@ pub(super) fn thread_main(
             "task {:#x} started in thread pool \"{pool}\" thread #{index}",
             job.task
         ));
-        let outcome = match &vm {
-            Ok(vm) => guard::catch(|| vm.run(&mut job.payload)).unwrap_or_else(|panic| {
-                vm::fail(&mut job.payload, &panic);
-                Outcome::Failed
-            }),
+        let payload = &mut job.payload;
+        let Ran { outcome, pin } = match &vm {
+            // SAFETY: the shim keeps the spans' strings alive until this
+            // task's completion reaches the event loop, after run returns.
+            Ok(vm) => guard::catch(|| unsafe { vm.run(&mut payload.bytes, &mut payload.spans) })
+                .unwrap_or_else(|panic| {
+                    vm::fail(&mut payload.bytes, &panic);
+                    payload.spans.clear();
+                    Ran::from(Outcome::Failed)
+                }),
             Err(msg) => {
-                vm::fail(&mut job.payload, msg);
-                Outcome::Failed
+                vm::fail(&mut payload.bytes, msg);
+                payload.spans.clear();
+                Ran::from(Outcome::Failed)
             }
         };
+        payload.pinned = pin.map(|key| Pinned::new(key, unpin_tx.clone()));
         watch.running.finish();
         stats.run.observe(started.elapsed());
         PoolStats::sub(&stats.busy);
@@ -149,7 +175,7 @@ pub(super) fn thread_main(
         debug(format_args!(
             "task {:#x} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
             job.task,
-            job.payload.len()
+            job.payload.bytes.len()
         ));
         if let Outcome::Broken(why) = &outcome {
             report(
@@ -158,11 +184,15 @@ pub(super) fn thread_main(
                     "thread pool \"{pool}\" thread #{index}: {why}; rebuilding its Lua state"
                 ),
             );
-            // The old state goes first: its memory is what the new one needs.
-            drop(vm);
+            // The old state goes first: its memory is what the new one
+            // needs, unless the event loop still reads strings of it.
+            match vm {
+                Ok(old) if old.has_pins() => retired.push(old),
+                _ => {}
+            }
             vm = build();
         }
-        handled += job.payload.len();
+        handled += job.payload.bytes.len() + borrowed_bytes(&job.payload);
         if job.task == POSTED {
             // Nobody takes the result; a failure is logged (at most once a
             // second per thread, with how many were left unlogged).
@@ -173,7 +203,7 @@ pub(super) fn thread_main(
                         log::NGX_LOG_WARN,
                         format_args!(
                             "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
-                            codec::error_text(&job.payload),
+                            codec::error_text(&job.payload.bytes),
                             posted_failures
                         ),
                     );
@@ -195,6 +225,11 @@ pub(super) fn thread_main(
         }
         notify::wake();
     }
+}
+
+/// Bytes a payload borrows: they count as handled like copied ones.
+fn borrowed_bytes(payload: &Payload) -> usize {
+    payload.spans.iter().map(|s| s.len).sum()
 }
 
 /// How often a thread logs the failures of posted tasks.

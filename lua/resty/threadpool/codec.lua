@@ -83,6 +83,18 @@ end
 -- of per-call allocation.
 local stack = new_tab(MAX_DEPTH + 1, 0)
 
+-- Zero-copy, while encode_borrowing runs: strings of at least borrow_min
+-- bytes are appended to `borrowed` and the payload holds their index (a
+-- fixext 4 of type 1, see the Rust codec). Their bytes count towards
+-- MAX_PAYLOAD as if copied.
+local borrowed
+local borrow_min = math.huge
+local borrowed_bytes = 0
+local borrow_base = 0   -- #borrowed before this payload: its indexes start at 0
+
+-- While decode_results runs: the result's borrowed strings (spans).
+local spans, nspans = nil, 0
+
 local _M = {
     version = "0.1",
     MAX_DEPTH = MAX_DEPTH,
@@ -163,18 +175,30 @@ end
 -- copying, so a huge string is never copied just to be refused).
 local function put_string(buf, s, start)
     local len = #s
-    if len < 256 then
-        if #buf - start + 2 + len > MAX_PAYLOAD then
+    local size = #buf - start + borrowed_bytes
+    if len >= borrow_min then
+        -- counted as if copied: bin header and bytes, less the ext's 6
+        local copied = len + (len < 256 and 2 or len < 65536 and 3 or 5)
+        if size + copied > MAX_PAYLOAD then
+            return true
+        end
+        local i = #borrowed
+        borrowed[i + 1] = s
+        borrowed_bytes = borrowed_bytes + copied - 6
+        buf:put("\214\1")
+        put_u32(buf, i - borrow_base)
+    elseif len < 256 then
+        if size + 2 + len > MAX_PAYLOAD then
             return true
         end
         buf:put("\196", BYTE[len], s)
     elseif len < 65536 then
-        if #buf - start + 3 + len > MAX_PAYLOAD then
+        if size + 3 + len > MAX_PAYLOAD then
             return true
         end
         buf:put("\197", BYTE[rshift(len, 8)], BYTE[band(len, 255)], s)
     else
-        if #buf - start + 5 + len > MAX_PAYLOAD then
+        if size + 5 + len > MAX_PAYLOAD then
             return true
         end
         buf:put("\198")
@@ -349,7 +373,7 @@ local function err_msg(what, pos, kind, detail, path)
 end
 
 local function too_big(buf, start, what)
-    if #buf - start > MAX_PAYLOAD then
+    if #buf - start + borrowed_bytes > MAX_PAYLOAD then
         return nil, what .. "s exceed " .. MAX_PAYLOAD .. " bytes"
     end
     return true
@@ -405,6 +429,19 @@ function _M.encode(buf, what, n, ...)
         end
     end
     return too_big(buf, start, what)
+end
+
+
+-- As encode, and strings of at least min bytes (at any depth) are not
+-- copied but appended to the array list, the payload referring to them
+-- by their place among those it appended (from 0): whoever sends the
+-- payload keeps them alive until it is decoded.  On error list holds
+-- strings of the partial payload.
+function _M.encode_borrowing(buf, what, list, min, n, ...)
+    borrowed, borrow_min, borrowed_bytes, borrow_base = list, min, 0, #list
+    local ok, err = _M.encode(buf, what, n, ...)
+    borrowed, borrow_min, borrowed_bytes = nil, math.huge, 0
+    return ok, err
 end
 
 
@@ -630,7 +667,18 @@ get_value = function(p, pos, len, level)
         end
         return get_map(p, pos + 5, len, be32(p, pos + 1), level + 1)
     end
-    -- 0xc1 (never used), ext types
+    if b == 0xd6 and p[pos + 1] == 1 then
+        -- a borrowed string: its span's index
+        if pos + 6 > len then
+            return nil, "truncated"
+        end
+        local i = be32(p, pos + 2)
+        if i >= nspans then
+            return nil, "bad borrowed string"
+        end
+        return ffi_string(spans[i].data, spans[i].len), pos + 6
+    end
+    -- 0xc1 (never used), other ext types
     return nil, format("unsupported msgpack type 0x%02x", b)
 end
 
@@ -687,8 +735,11 @@ local function get_pair(p, pos, len, n)
     return i, v, pos
 end
 
--- Returns true, v1, ..., vn or nil, err.
-function _M.decode_results(ptr, len)
+-- Returns true, v1, ..., vn or nil, err. The payload borrows the strings
+-- of the n_spans spans at span_ptr (cdata with data and len fields), which
+-- are read only during this call.
+function _M.decode_results(ptr, len, span_ptr, n_spans)
+    spans, nspans = span_ptr, n_spans or 0
     local p = ffi_cast(u8p_t, ptr)
     local n, k, pos = get_header(p, len)
     if n == nil then

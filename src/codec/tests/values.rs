@@ -325,3 +325,53 @@ fn decoded_numbers_look_like_mlua_numbers() -> R {
     }
     Ok(())
 }
+
+#[test]
+fn borrowed_strings_cross_in_place() -> R {
+    let lua = new_lua()?;
+    // Lua encodes, borrowing from 4 bytes at any depth; Rust decodes.
+    let (bytes, list): (LuaString, Table) = lua
+        .load(
+            r#"
+            local b = require("string.buffer").new()
+            local list = { "kept before" }
+            assert(codec.encode_borrowing(b, "argument", list, 4, 3,
+                                          "ab", "abcdef", { x = "abcdefgh" }))
+            return b:tostring(), list
+        "#,
+        )
+        .eval()?;
+    let strings: Vec<LuaString> = list.sequence_values().collect::<mlua::Result<_>>()?;
+    assert_eq!(strings.len(), 3, "two borrowed after the one already there");
+    let kept: Vec<_> = strings.iter().map(|s| s.as_bytes().to_vec()).collect();
+    let spans: Vec<Span> = kept[1..].iter().map(|b| Span::of(b)).collect();
+    // SAFETY: `kept` outlives the call.
+    let vals = unsafe { decode_borrowing(&lua, &bytes.as_bytes(), &spans) }?;
+    let want: MultiValue = eval(&lua, r#"return "ab", "abcdef", { x = "abcdefgh" }"#)?;
+    assert!(same(&lua, &vals, &want)?);
+    // Without its spans, the payload is refused, not read.
+    assert_eq!(
+        decode_values(&lua, &bytes.as_bytes()).unwrap_err(),
+        "bad payload: bad borrowed string"
+    );
+
+    // Rust borrows top-level strings only; its own decoder reads them back.
+    let (mut spans, mut strings, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    let borrow = Borrow {
+        min: 4,
+        spans: &mut spans,
+        strings: &mut strings,
+    };
+    encode_borrowing(&want, &mut out, "return value", Some(borrow))?;
+    assert_eq!((spans.len(), strings.len()), (1, 1));
+    // SAFETY: `strings` keeps the span's string alive.
+    let back = unsafe { decode_borrowing(&lua, &out, &spans) }?;
+    assert!(same(&lua, &back, &want)?);
+
+    // Another ext type is refused.
+    let other = [0x01, 0x81, 0x01, 0xd6, 0x02, 0, 0, 0, 0];
+    assert!(decode_values(&lua, &other)
+        .unwrap_err()
+        .contains("unsupported msgpack ext type"));
+    Ok(())
+}

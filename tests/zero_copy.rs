@@ -1,0 +1,222 @@
+//! Zero-copy strings (`thread_pool_zero_copy`): a string argument from the
+//! pool's size on is read in place by the pool thread, and a string the
+//! handler returns is read in place by the event loop.
+//! - values cross intact at and around the size, nested or not, alone and
+//!   in batches, and the debug log shows they were borrowed (and not when
+//!   the pool copies);
+//! - a caller that stopped waiting (timeout) keeps its strings alive until
+//!   the thread is done with them, though its own references are gone and a
+//!   collection ran: the thread reads what was sent;
+//! - a thread keeps its returned strings alive until the event loop read
+//!   them, though the next task of that thread collected garbage and
+//!   reused the memory.
+//!
+//! The abort, timeout and kill scenarios of tests/lifetime.rs pass 64 KiB
+//! strings both ways, borrowed under the default size: their RSS bounds and
+//! the valgrind run cover the borrowed strings' lifetimes.
+
+mod common;
+
+use common::{eventually, nginx_test, Nginx};
+use std::time::Duration;
+
+const HTTP: &str = r#"
+    thread_pool_process_by_lua one "
+        local ffi = require 'ffi'
+        ffi.cdef 'int poll(void *fds, unsigned long nfds, int timeout);'
+        local junk = {}
+        -- Fills freed memory with other strings of the same sizes.
+        local function churn(size)
+            collectgarbage()
+            collectgarbage()
+            for i = 1, 64 do
+                junk[i] = string.rep(string.char(65 + i % 26), size - 8) .. string.format('%8d', i)
+            end
+        end
+        return function(op, a, b)
+            if op == 'echo' then
+                return a, b, a and ngx.md5(type(a) == 'table' and a.s or a)
+            elseif op == 'block' then
+                ffi.C.poll(nil, 0, a)
+            elseif op == 'md5' then
+                ngx.log(ngx.INFO, 'GOT ', ngx.md5(a))
+            elseif op == 'make' then
+                return string.rep(string.char(97 + b % 26), a - 8) .. string.format('%8d', b)
+            elseif op == 'churn' then
+                churn(a)
+            end
+        end
+    ";
+    server {
+        listen 127.0.0.1:$PORT;
+        default_type text/plain;
+
+        # Echoes strings of the sizes in ?sizes, top-level and nested, one
+        # task each and as one batch; says what differs, or ok.
+        location /echo {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local pool = tp[ngx.var.arg_pool]
+                local out = {}
+                local list = {}
+                for size in ngx.var.arg_sizes:gmatch("%d+") do
+                    local s = string.rep("z", tonumber(size) - 8) .. string.format("%8d", size)
+                    local a, t, sum = pool:push_task("echo", s, { s = s, n = { s } })
+                    if a ~= s or t.s ~= s or t.n[1] ~= s or sum ~= ngx.md5(s) then
+                        out[#out + 1] = "differs at " .. size
+                    end
+                    list[#list + 1] = { "echo", s }
+                end
+                local res = assert(pool:push_tasks(list))
+                for i, r in ipairs(res) do
+                    if r[2] ~= list[i][2] or r[4] ~= ngx.md5(list[i][2]) then
+                        out[#out + 1] = "batch differs at " .. i
+                    end
+                end
+                ngx.say(#out == 0 and "ok" or table.concat(out, ", "))
+            }
+        }
+
+        # The pool's one thread is busy: the task times out while queued,
+        # the caller drops its string and collects, then fills the memory.
+        location /timeout {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local size = tonumber(ngx.var.arg_size)
+                assert(tp.one:post_task("block", 50))
+                local s = string.rep("s", size - 8) .. string.format("%8d", ngx.var.arg_i)
+                ngx.log(ngx.INFO, "WANT ", ngx.md5(s))
+                local res, err = tp.one:push_task_timeout(0.005, "md5", s)
+                s = nil
+                collectgarbage()
+                collectgarbage()
+                local junk = {}
+                for i = 1, 64 do
+                    junk[i] = string.rep("j", size - 8) .. string.format("%8d", i)
+                end
+                ngx.say(err)
+            }
+        }
+
+        # One thread runs both tasks of the batch in turn: the result of
+        # the first is read only after the second collected and refilled.
+        location /pinned {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local size, seed = tonumber(ngx.var.arg_size), tonumber(ngx.var.arg_i)
+                local res = assert(tp.one:push_tasks({ { "make", size, seed },
+                                                      { "churn", size } }))
+                local want = string.rep(string.char(97 + seed % 26), size - 8)
+                             .. string.format("%8d", seed)
+                ngx.say(res[1][2] == want and "ok" or "differs")
+            }
+        }
+    }
+"#;
+
+fn start(zero_copy: &str) -> Nginx {
+    Nginx::start(
+        "thread_pool one threads=1;\nerror_log logs/debug.log debug;",
+        &format!("{HTTP}\nthread_pool_zero_copy one {zero_copy};"),
+    )
+}
+
+fn debug_lines(n: &Nginx, what: &str) -> Vec<String> {
+    std::fs::read_to_string(n.dir.join("logs/debug.log"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(what))
+        .map(String::from)
+        .collect()
+}
+
+/// How many queued tasks and taken results borrowed `k` strings.
+fn borrowed(n: &Nginx, k: usize) -> (usize, usize) {
+    let count = |what: &str| {
+        debug_lines(n, what)
+            .iter()
+            .filter_map(|l| l.split(", borrowed ").nth(1))
+            .filter(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits == k.to_string()
+            })
+            .count()
+    };
+    (count("queued for thread pool"), count("resumed,"))
+}
+
+#[test]
+fn large_strings_cross_in_place_both_ways() {
+    let n = start("16k");
+    let r = n.get("/echo?pool=one&sizes=16383,16384,65536,1048576,4194304");
+    assert_eq!(r.text(), "ok\n", "{}", n.error_log());
+    // Each size once alone, once in the batch. From 16384 bytes a task
+    // alone borrows its three strings (the same one, three times), one of
+    // the batch its one; each result borrows its top-level string but not
+    // the table's; below 16384, nothing is borrowed.
+    assert_eq!(borrowed(&n, 3), (4, 0));
+    assert_eq!(borrowed(&n, 1), (4, 8));
+    assert_eq!(borrowed(&n, 0), (2, 2));
+    n.assert_clean_log();
+
+    let n = start("off");
+    let r = n.get("/echo?pool=one&sizes=16384,1048576");
+    assert_eq!(r.text(), "ok\n", "{}", n.error_log());
+    assert_eq!(borrowed(&n, 0), (4, 4));
+    n.assert_clean_log();
+}
+
+#[test]
+fn a_caller_that_stopped_waiting_keeps_its_strings_alive() {
+    let n = start("16k");
+    const COUNT: usize = 20;
+    for i in 0..COUNT {
+        // one size dlmalloc reuses, one it maps on its own
+        let size = if i % 2 == 0 { 65536 } else { 1 << 20 };
+        let r = n.get(&format!("/timeout?size={size}&i={i}"));
+        assert_eq!(r.text(), "timeout\n");
+    }
+    let sums = |what: &str| -> Vec<String> {
+        let log = n.error_log();
+        log.lines()
+            .filter_map(|l| l.split(what).nth(1))
+            .map(|s| s.split(',').next().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || sums("GOT ").len() == COUNT),
+        "{}",
+        n.error_log()
+    );
+    assert_eq!(sums("GOT "), sums("WANT "), "a thread read freed strings");
+    n.assert_clean_log();
+}
+
+#[test]
+fn a_thread_keeps_its_results_alive_until_read() {
+    let n = start("16k");
+    for i in 0..20 {
+        let size = if i % 2 == 0 { 65536 } else { 1 << 20 };
+        let r = n.get(&format!("/pinned?size={size}&i={i}"));
+        assert_eq!(r.text(), "ok\n", "{}", n.error_log());
+    }
+    n.assert_clean_log();
+}
+
+#[test]
+fn nginx_t_checks_the_size() {
+    for bad in ["0", "lots", "-1"] {
+        let out = nginx_test(
+            "thread_pool one threads=1;",
+            &format!(
+                "thread_pool_process_by_lua one \"return ...\";\nthread_pool_zero_copy one {bad};"
+            ),
+            &[],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("takes a size (16k, 1m...) or off"),
+            "{bad}: {err}"
+        );
+    }
+}
