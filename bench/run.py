@@ -40,8 +40,12 @@ WRK_SCRIPT = BENCH / "wrk_json.lua"
 WAF_FILES = (REPO / "nginx-conf/waf.lua", REPO / "nginx-conf/waf_rules.lua")
 
 VARIANTS = ("inline", "rwt", "tp")
-# The hand-off section also runs push_tasks, 16 tasks per call.
+# The hand-off section also runs push_tasks, 16 tasks per call; for large
+# strings push_task on a pool that copies them (tpc); for small ones
+# post_task (tpp).
 HANDOFF_VARIANTS = VARIANTS + ("tpb",)
+LARGE_PAYLOADS = ("65536", "1048576")
+SMALL_PAYLOADS = ("16", "1024")
 PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 HANDOFF_C = (1, 8, 64)
 THROUGHPUT_C = (1, 8, 32, 128)
@@ -124,7 +128,8 @@ class Nginx:
 
     last = None  # the last nginx started: its versions and logs for the report
 
-    def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None):
+    def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None,
+                 copying_pool=False):
         self.name = name
         self.prefix = OUT / name
         self.port = free_port()
@@ -137,9 +142,14 @@ class Nginx:
             pools.append(f"thread_pool rwt threads={rwt_threads};")
         handler = ""
         if tp_threads:
-            pools.append(f"thread_pool tp threads={tp_threads};")
-            handler = ('thread_pool_process_by_lua tp '
-                       '"return require(\'bench_tasks\').call";')
+            # tpc: the same pool, copying every string
+            names = ("tp", "tpc") if copying_pool else ("tp",)
+            pools += [f"thread_pool {name} threads={tp_threads};" for name in names]
+            handler = "\n".join(
+                f"thread_pool_process_by_lua {name} "
+                "\"return require('bench_tasks').call\";" for name in names)
+            if copying_pool:
+                handler += "\nthread_pool_zero_copy tpc off;"
             if scheduling:
                 handler += f"\nthread_pool_scheduling tp {scheduling};"
         conf = (BENCH / "nginx.conf.tmpl").read_text()
@@ -280,22 +290,28 @@ def handoff_cell(ng, variant, c, payload, ms, max_count=10_000_000):
     return r
 
 
+def handoff_variants(payload):
+    """The variants of a hand-off cell with this payload."""
+    return HANDOFF_VARIANTS + (("tpc",) if payload in LARGE_PAYLOADS else ()) \
+        + (("tpp",) if payload in SMALL_PAYLOADS else ())
+
+
 def section_handoff(plan, res):
     cells = {}
     # Each round's rate by cell, for medians and spread.
     rates = {}
-    with Nginx("handoff") as ng:
+    with Nginx("handoff", copying_pool=True) as ng:
         # JIT the loops, create run_worker_thread's VMs (one per task in
         # flight) and load the modules in every VM before measuring.
-        for v in HANDOFF_VARIANTS:
-            for p in ("16", "table"):
+        for p in ("16", "65536", "table"):
+            for v in handoff_variants(p):
                 handoff_cell(ng, v, 64, p, plan["warmup_ms"])
         for rnd in range(plan["handoff_rounds"]):
             log(f"handoff round {rnd + 1}/{plan['handoff_rounds']}")
             i = 0
             for c in HANDOFF_C:
                 for p in PAYLOADS:
-                    for v in rotated(HANDOFF_VARIANTS, rnd + i):
+                    for v in rotated(handoff_variants(p), rnd + i):
                         key = f"{v}|{c}|{p}"
                         r = handoff_cell(ng, v, c, p, plan["handoff_ms"])
                         cells[key] = merge_handoff(cells.get(key), r)

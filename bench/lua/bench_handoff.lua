@@ -5,10 +5,14 @@
 -- CPU time the event-loop thread spent, and a histogram of round trips (64
 -- buckets per octave of nanoseconds, ~1%).
 --
---   GET /handoff?variant=inline|rwt|tp|tpb&c=8&payload=16&ms=1000&max=1000000
+--   GET /handoff?variant=inline|rwt|tp|tpc|tpb|tpp&c=8&payload=16&ms=1000
 --
 -- tpb hands BATCH tasks at a time to push_tasks: one round trip (one
--- yield) for the batch, counted as BATCH tasks that each took it.
+-- yield) for the batch, counted as BATCH tasks that each took it. tpc is
+-- push_task on a pool that copies every string (thread_pool_zero_copy
+-- off). tpp posts (post_task): its "round trip" is the post call, and the
+-- cell ends once the pool has run every posted task, so that its tasks/s
+-- counts tasks run; a full queue makes the poster sleep 1 ms.
 
 local ffi = require "ffi"
 local cjson = require "cjson.safe"
@@ -99,7 +103,8 @@ local function payload(name)
     return p
 end
 
-local tp_pool
+-- resty.threadpool's pools by name, looked up on first use.
+local pools = {}
 local BATCH = 16
 local batch_list = {}
 
@@ -115,7 +120,13 @@ local callers = {
         return res
     end,
     tp = function(p)
-        return tp_pool:push_task("upper", p)
+        return pools.tp:push_task("upper", p)
+    end,
+    tpc = function(p)
+        return pools.tpc:push_task("upper", p)
+    end,
+    tpp = function(p)
+        return pools.tp:post_task("upper", p)
     end,
     -- the batch's results, checked by the loop
     tpb = function(p)
@@ -127,7 +138,7 @@ local callers = {
             end
             args[2] = p
         end
-        return tp_pool:push_tasks(batch_list)
+        return pools.tp:push_tasks(batch_list)
     end,
 }
 
@@ -138,6 +149,9 @@ local function one(v, ptype, plen)
 end
 
 local function whole(variant, res, ptype, plen)
+    if variant == "tpp" then
+        return res == true and 1 or 0
+    end
     if variant ~= "tpb" then
         return one(res, ptype, plen) and 1 or 0
     end
@@ -178,14 +192,15 @@ function _M.run()
     if not (call and c and ms and max and p) then
         return bad_request("bad arguments")
     end
-    if (variant == "tp" or variant == "tpb") and not tp_pool then
-        local ok, pool = pcall(function() return require("resty.threadpool").tp end)
+    local name = variant == "tpc" and "tpc" or "tp"
+    if variant:sub(1, 2) == "tp" and not pools[name] then
+        local ok, pool = pcall(function() return require("resty.threadpool")[name] end)
         if not ok then
             return bad_request(tostring(pool))
         end
         -- a lost task fails the cell after 10 s instead of hanging it
         pool:set_timeout(10)
-        tp_pool = pool
+        pools[name] = pool
     end
 
     local ptype, plen = type(p), type(p) == "string" and #p or 0
@@ -211,7 +226,9 @@ function _M.run()
                 hist[b] = (hist[b] or 0) + n
                 done = done + n
             end
-            if n == 0 or (variant == "tpb" and n < BATCH) then
+            if variant == "tpp" and err == "queue full" then
+                ngx.sleep(0.001)
+            elseif n == 0 or (variant == "tpb" and n < BATCH) then
                 local key = tostring(err or "unexpected result")
                 errors[key] = (errors[key] or 0) + 1
                 failed = failed + 1
@@ -239,6 +256,13 @@ function _M.run()
         if not ok then
             local key = "light thread: " .. tostring(err)
             errors[key] = (errors[key] or 0) + 1
+        end
+    end
+    if variant == "tpp" then
+        -- until the pool has run what was posted
+        local limit = now_ns() + 10e9
+        while pools.tp:stats().in_flight > 0 and now_ns() < limit do
+            ngx.sleep(0.001)
         end
     end
     local elapsed = now_ns() - started
