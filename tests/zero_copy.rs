@@ -98,6 +98,24 @@ const HTTP: &str = r#"
             }
         }
 
+        # As /timeout, 1 MiB, and nothing else.
+        location /hold {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                assert(tp.one:post_task("block", 20))
+                local s = string.format("%8d", ngx.var.arg_i) .. string.rep("h", 1048568)
+                local res, err = tp.one:push_task_timeout(0.001, "md5", s)
+                ngx.say(err)
+            }
+        }
+        location /gc {
+            content_by_lua_block {
+                collectgarbage()
+                collectgarbage()
+                ngx.say("collected")
+            }
+        }
+
         # One thread runs both tasks of the batch in turn: the result of
         # the first is read only after the second collected and refilled.
         location /pinned {
@@ -189,6 +207,31 @@ fn a_caller_that_stopped_waiting_keeps_its_strings_alive() {
         n.error_log()
     );
     assert_eq!(sums("GOT "), sums("WANT "), "a thread read freed strings");
+    n.assert_clean_log();
+}
+
+/// The strings of callers that stopped waiting are let go of once their
+/// tasks ended, at the next collection of the event loop's VM, even though
+/// the worker pushes nothing more.
+#[test]
+fn strings_of_callers_gone_are_let_go_of_without_another_push() {
+    let n = start("16k");
+    const COUNT: usize = 20;
+    for i in 0..COUNT {
+        assert_eq!(n.get(&format!("/hold?i={i}")).text(), "timeout\n");
+    }
+    let got = || n.error_log().matches("GOT ").count();
+    assert!(eventually(Duration::from_secs(10), || got() == COUNT));
+    // the pool thread idle long enough to give its memory back
+    std::thread::sleep(Duration::from_millis(1500));
+    let worker = n.workers()[0];
+    let held = common::rss_kib(worker);
+    assert_eq!(n.get("/gc").text(), "collected\n");
+    let after = common::rss_kib(worker);
+    assert!(
+        held.saturating_sub(after) > 10 * 1024,
+        "{COUNT} MiB of strings were not let go of: RSS {held} -> {after} KiB"
+    );
     n.assert_clean_log();
 }
 

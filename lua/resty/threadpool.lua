@@ -25,6 +25,8 @@ local get_phase = ngx.get_phase
 local co_yield = coroutine._yield
 local error = error
 local getmetatable = getmetatable
+local newproxy = newproxy
+local worker_exiting = ngx.worker.exiting
 local pcall = pcall
 local rawset = rawset
 local select = select
@@ -129,7 +131,8 @@ end
 -- the module as spans; the pool thread reads them in place, so they are
 -- anchored here by task until the caller takes the result, or until the
 -- module reaps the task (it ended after its caller stopped waiting or
--- went away: then the next push lets go of them).
+-- went away: then the next push, or the next collection cycle of this VM,
+-- lets go of them).
 local span_arr_t = ffi.typeof("ngx_threadpool_span_t[?]")
 local u8p_t = ffi.typeof("const unsigned char *")
 local scratch = {}
@@ -152,6 +155,22 @@ local function reap()
         end
     until n < REAP_BATCH
 end
+
+-- A sentinel that no one holds: its finalizer reaps once per collection
+-- cycle, so that a worker that pushes nothing more still lets go of the
+-- strings of callers that went away; then it makes the next one.
+local function reap_at_next_cycle()
+    local sentinel = newproxy(true)
+    getmetatable(sentinel).__gc = function()
+        if anchored > 0 then
+            reap()
+        end
+        if not worker_exiting() then
+            reap_at_next_cycle()
+        end
+    end
+end
+reap_at_next_cycle()
 
 -- The borrowed strings as spans: spans_buf, with room for all of them.
 local function borrowed_spans()

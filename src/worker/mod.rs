@@ -24,12 +24,12 @@ use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use payload::Payload;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tasks::{Release, RequestTasks, TaskId, Tasks, POSTED};
-use threads::{thread_main, Completion, Job, THREAD_STACK_SIZE};
+use threads::{thread_main, Completion, Job, Remaining, THREAD_STACK_SIZE};
 
 struct Pool {
     name: String,
@@ -196,7 +196,7 @@ impl Worker {
         args: Args,
     ) -> Result<TaskId, WorkerError> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.enqueue(pool, Some(owner), args) }
+        unsafe { self.enqueue(pool, Some(owner), args, None) }
     }
 
     /// Queues one task per payload for pool `pool`, all or none: QueueFull
@@ -220,9 +220,10 @@ impl Worker {
             return Err(WorkerError::QueueFull);
         }
         let mut ids = Vec::with_capacity(payloads.len());
+        let left: Remaining = Arc::new(AtomicUsize::new(payloads.len()));
         for args in payloads {
             // SAFETY: forwarded from the caller.
-            match unsafe { self.enqueue(pool, Some(owner), args) } {
+            match unsafe { self.enqueue(pool, Some(owner), args, Some(left.clone())) } {
                 Ok(id) => ids.push(id),
                 Err(e) => {
                     for id in ids {
@@ -244,7 +245,7 @@ impl Worker {
             spans: &[],
         };
         // SAFETY: a posted task has no record, hence no owner, and no spans.
-        unsafe { self.enqueue(pool, None, args) }.map(|_| ())
+        unsafe { self.enqueue(pool, None, args, None) }.map(|_| ())
     }
 
     /// # Safety
@@ -254,6 +255,7 @@ impl Worker {
         pool: usize,
         owner: Option<*mut RequestTasks>,
         args: Args,
+        batch: Option<Remaining>,
     ) -> Result<TaskId, WorkerError> {
         let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
@@ -284,6 +286,7 @@ impl Worker {
             task,
             payload,
             queued_at: Instant::now(),
+            batch,
         };
         if let Err(e) = jobs.send(job) {
             PoolStats::sub(&pool.stats.queued);

@@ -26,7 +26,17 @@ pub struct Job {
     /// completion reaches the event loop.
     pub payload: Payload,
     pub queued_at: Instant,
+    /// In a batch: its tasks not finished yet.
+    pub batch: Option<Remaining>,
 }
+
+/// The tasks of a batch not finished yet. Its caller is resumed once, when
+/// the last is done, so only the thread that finishes the last one wakes
+/// the event loop: one wake-up per batch rather than one per task, each
+/// costing a write on the eventfd and a context switch of the event loop.
+/// The completions before it wait in the channel for that wake-up (or any
+/// other).
+pub type Remaining = Arc<std::sync::atomic::AtomicUsize>;
 
 /// What a thread is given besides its pool's spec and channels.
 pub struct ThreadSetup {
@@ -223,7 +233,12 @@ pub(super) fn thread_main(
         {
             break;
         }
-        notify::wake();
+        let last = job
+            .batch
+            .is_none_or(|left| left.fetch_sub(1, Ordering::AcqRel) == 1);
+        if last {
+            notify::wake();
+        }
     }
 }
 
