@@ -25,5 +25,6 @@ build = {
     modules = {
         ["resty.threadpool"] = "lua/resty/threadpool.lua",
         ["resty.threadpool.codec"] = "lua/resty/threadpool/codec.lua",
+        ["resty.threadpool.decode"] = "lua/resty/threadpool/decode.lua",
     },
 }

@@ -111,6 +111,7 @@ fn package_files_and_dependencies() {
             "usr/share/doc/libnginx-mod-http-threadpool/README.md.gz",
             "usr/share/lua/5.1/resty/threadpool.lua",
             "usr/share/lua/5.1/resty/threadpool/codec.lua",
+            "usr/share/lua/5.1/resty/threadpool/decode.lua",
             SNIPPET,
         ]
     );
@@ -378,6 +379,7 @@ fn make_install_and_uninstall() {
             "./usr/lib/nginx/modules/ngx_http_threadpool_module.so 644 ",
             "./usr/share/lua/5.1/resty/threadpool.lua 644 ",
             "./usr/share/lua/5.1/resty/threadpool/codec.lua 644 ",
+            "./usr/share/lua/5.1/resty/threadpool/decode.lua 644 ",
             "./usr/share/nginx/modules-available/mod-http-threadpool.conf 644 ",
         ]
     );

@@ -44,6 +44,11 @@ const HTTP: &str = r#"
                 return string.rep(string.char(97 + b % 26), a - 8) .. string.format('%8d', b)
             elseif op == 'churn' then
                 churn(a)
+            elseif op == 'oom' then
+                local t = {}
+                for i = 1, math.huge do
+                    t[i] = string.rep('x', 1024 * 1024) .. i
+                end
             end
         end
     ";
@@ -113,6 +118,22 @@ const HTTP: &str = r#"
                 collectgarbage()
                 collectgarbage()
                 ngx.say("collected")
+            }
+        }
+
+        # The second task runs the thread out of memory, which rebuilds
+        # its Lua state; the third fills the memory the old one freed; then
+        # the first task's result is read.
+        location /oom {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local seed = tonumber(ngx.var.arg_i)
+                local res = assert(tp.one:push_tasks({ { "make", 1048576, seed },
+                                                      { "oom" },
+                                                      { "churn", 1048576 } }))
+                local want = string.rep(string.char(97 + seed % 26), 1048576 - 8)
+                             .. string.format("%8d", seed)
+                ngx.say(res[1][2] == want and "ok" or "differs", " ", res[2][2])
             }
         }
 
@@ -244,6 +265,29 @@ fn a_thread_keeps_its_results_alive_until_read() {
         assert_eq!(r.text(), "ok\n", "{}", n.error_log());
     }
     n.assert_clean_log();
+}
+
+/// A thread whose Lua state runs out of memory rebuilds it; the old state
+/// stays until the event loop has read the strings it returned before.
+#[test]
+fn results_outlive_a_rebuilt_lua_state() {
+    // One process, so the limit is the pool thread's process's.
+    let mut n = Nginx::start_single(
+        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
+        Duration::from_secs(10),
+        "thread_pool one threads=1;",
+        HTTP,
+    );
+    for i in 0..3 {
+        let r = n.get(&format!("/oom?i={i}"));
+        assert_eq!(r.text(), "ok not enough memory\n", "{}", n.error_log());
+    }
+    assert!(n.quit(Duration::from_secs(10)), "nginx did not quit");
+    let log = n.error_log();
+    assert_eq!(log.matches("rebuilding its Lua state").count(), 3, "{log}");
+    for bad in ["exited on signal", "[alert]", "[emerg]", "panic"] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! MessagePack codec for values crossing between the nginx event loop's
 //! LuaJIT VM and the worker threads' LuaJIT VMs.
 //!
-//! `lua/resty/threadpool/codec.lua` implements the same format on the event
+//! `lua/resty/threadpool/codec.lua` (and `decode.lua`) implements the same format on the event
 //! loop side; the two must agree byte for byte:
 //!
 //! ```text

@@ -126,10 +126,9 @@ impl Tasks {
         self.spare.pop().unwrap_or_default()
     }
 
-    /// Returns a payload buffer for reuse (small ones only: a 1 MiB payload
-    /// should not pin 1 MiB per spare).
-    /// The rest of the payload is dropped: a thread's pin on borrowed
-    /// results is let go of.
+    /// Keeps a payload's buffer for reuse (small ones only: a 1 MiB payload
+    /// should not pin 1 MiB per spare) and drops the rest, which lets go of
+    /// a thread's pin on borrowed results.
     pub fn recycle(&mut self, payload: Payload) {
         let mut buf = payload.bytes;
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
@@ -398,5 +397,6 @@ impl Tasks {
         self.slots.clear();
         self.free.clear();
         self.spare.clear();
+        self.reaped.clear();
     }
 }

@@ -195,9 +195,13 @@ pub(super) fn thread_main(
                 ),
             );
             // The old state goes first: its memory is what the new one
-            // needs, unless the event loop still reads strings of it.
+            // needs. If the event loop still reads strings of it, it stays
+            // until they are let go of, with its garbage collected.
             match vm {
-                Ok(old) if old.has_pins() => retired.push(old),
+                Ok(old) if old.has_pins() => {
+                    old.collect_garbage();
+                    retired.push(old);
+                }
                 _ => {}
             }
             vm = build();
