@@ -18,7 +18,8 @@ LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task",
          "tpp": "post_task"}
 VARIANTS = ("inline", "rwt", "tp")
 HANDOFF_VARIANTS = VARIANTS + ("tpb",)
-COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange"}
+COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange",
+          "tpc": "tab:red", "tpb": "tab:green"}
 PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 # Payloads of the zero-copy (tpc) and post_task (tpp) rows.
 LARGE_PAYLOADS = ("65536", "1048576")
@@ -27,7 +28,7 @@ PAYLOAD_LABEL = {"16": "16 B", "1024": "1 KiB", "65536": "64 KiB",
                  "1048576": "1 MiB", "table": "table (1,000 entries)"}
 HANDOFF_C = (1, 8, 64)
 THROUGHPUT_C = (1, 8, 32, 128)
-PLOTS = ("handoff_latency.png", "handoff_throughput.png",
+PLOTS = ("handoff_latency.png", "handoff_throughput.png", "handoff_cost.png",
          "hol_latency.png", "sort_throughput.png")
 
 
@@ -608,6 +609,31 @@ def plots(res, out_dir):
             fig.tight_layout()
             fig.savefig(out_dir / name, dpi=80)
             plt.close(fig)
+
+    if h:
+        fig, axes = plt.subplots(1, len(PAYLOADS), figsize=(18, 4.2))
+        for ax, p in zip(axes, PAYLOADS):
+            for v in ("rwt", "tp", "tpc", "tpb"):
+                st = [(handoff_stats(h["cells"][f"{v}|{c}|{p}"]),
+                       handoff_stats(h["cells"][f"inline|{c}|{p}"]))
+                      if f"{v}|{c}|{p}" in h["cells"] and f"inline|{c}|{p}" in h["cells"]
+                      else (None, None) for c in HANDOFF_C]
+                ys = [overhead(s, i) for s, i in st]
+                if any(y is not None for y in ys):
+                    ax.plot(HANDOFF_C, ys, "-", marker="o", color=COLORS[v], label=LABEL[v])
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xticks(HANDOFF_C, [str(c) for c in HANDOFF_C])
+            ax.set_title(PAYLOAD_LABEL[p])
+            ax.set_xlabel("concurrency (light threads)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        axes[0].set_ylabel("hand-off overhead, CPU µs per task")
+        fig.suptitle("Hand-off cost: event loop + pool threads per task, minus the inline "
+                     "handler's" + note)
+        fig.tight_layout()
+        fig.savefig(out_dir / "handoff_cost.png", dpi=80)
+        plt.close(fig)
 
     hol = res.get("hol")
     if hol:
