@@ -68,7 +68,7 @@ bench-deps:
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES=python3-matplotlib
 
 # push_task vs inline Lua vs ngx.run_worker_thread on loopback: writes
-# bench/REPORT.md and bench/*.png. ~10 minutes; QUICK=1 for a ~1 minute smoke
+# bench/REPORT.md and bench/*.png. ~14 minutes; QUICK=1 for a ~1 minute smoke
 # run. System python3, for Debian's matplotlib.
 bench: build bench-deps
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py

@@ -2,16 +2,17 @@
 """make bench: push_task against inline Lua and ngx.run_worker_thread.
 
 Starts Debian's nginx with bench/nginx.conf.tmpl (one worker, loopback
-only), runs four sections and writes bench/REPORT.md and bench/*.png
+only), runs five sections and writes bench/REPORT.md and bench/*.png
 (through report.py); raw results go to bench/out/results.json.
 
   handoff     round trips of a trivial task, measured inside nginx
   hol         head of line: static and light latency under heavy load
+  policy      the same under each thread_pool_scheduling setting
   throughput  the sort handler's requests/s by concurrent connections
   memory      worker RSS by pool threads, idle and after many tasks
 
 Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
-~1 minute smoke version; the full run takes ~10 minutes.
+~1 minute smoke version; the full run takes ~14 minutes.
 """
 
 import argparse
