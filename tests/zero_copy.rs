@@ -256,6 +256,35 @@ fn strings_of_callers_gone_are_let_go_of_without_another_push() {
     n.assert_clean_log();
 }
 
+/// Reload, then quit, while tasks borrowing strings of callers gone are
+/// queued behind slow ones: the old worker drops or finishes them and
+/// exits cleanly; the new one borrows as usual.
+#[test]
+fn reload_and_quit_with_borrowed_strings_in_flight() {
+    let mut n = start("16k");
+    let old = n.workers();
+    for i in 0..10 {
+        assert_eq!(n.get(&format!("/hold?i={i}")).text(), "timeout\n");
+    }
+    n.signal("HUP");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let now = n.workers();
+            now.len() == 1 && !old.contains(&now[0])
+        }),
+        "no new worker: {}",
+        n.error_log()
+    );
+    for i in 10..20 {
+        assert_eq!(n.get(&format!("/hold?i={i}")).text(), "timeout\n");
+    }
+    assert!(n.quit(Duration::from_secs(10)), "nginx did not quit");
+    let log = n.error_log();
+    for bad in ["exited on signal", "[alert]", "[crit]", "[error]", "panic"] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
+}
+
 #[test]
 fn a_thread_keeps_its_results_alive_until_read() {
     let n = start("16k");

@@ -143,15 +143,18 @@ local anchored = 0
 local REAP_BATCH = 64
 local reaped = ffi_new("uint64_t[?]", REAP_BATCH)
 
+local function unanchor(id)
+    if anchors[id] ~= nil then
+        anchors[id] = nil
+        anchored = anchored - 1
+    end
+end
+
 local function reap()
     repeat
         local n = tonumber(C.ngx_threadpool_reaped(reaped, REAP_BATCH))
         for i = 0, n - 1 do
-            local id = tonumber(reaped[i])
-            if anchors[id] ~= nil then
-                anchors[id] = nil
-                anchored = anchored - 1
-            end
+            unanchor(tonumber(reaped[i]))
         end
     until n < REAP_BATCH
 end
@@ -195,13 +198,6 @@ local function anchor(id, from, to)
     anchors[tonumber(id)] = from == to and scratch[from]
                             or { unpack(scratch, from, to) }
     anchored = anchored + 1
-end
-
-local function unanchor(id)
-    if anchors[id] ~= nil then
-        anchors[id] = nil
-        anchored = anchored - 1
-    end
 end
 
 local function bad_context(api)
