@@ -30,8 +30,9 @@ pub struct PoolConf {
     pub pool: ThreadPool,
     pub init: Option<Chunk>,
     pub process: Option<(Chunk, Style)>,
-    /// Where the first directive naming the pool is, for errors found
-    /// after the whole configuration is read.
+    /// The first directive naming the pool and where it is, for errors
+    /// found after the whole configuration is read.
+    pub defined_by: String,
     pub defined_at: String,
     /// `thread_pool_slow_task_log`: a warn line for a task running longer
     /// (None: off).
@@ -97,6 +98,7 @@ impl MainConf {
             pool,
             init: None,
             process: None,
+            defined_by: cf.args().first().map(|d| lossy(d)).unwrap_or_default(),
             defined_at: cf.file_line(),
             slow_task: Some(DEFAULT_SLOW_TASK),
             scheduling: DEFAULT_SCHEDULING,
@@ -115,6 +117,7 @@ impl MainConf {
             if p.process.is_none() {
                 return Err(ConfError::NoProcess {
                     pool: p.name.clone(),
+                    by: p.defined_by.clone(),
                     at: p.defined_at.clone(),
                 });
             }

@@ -33,6 +33,8 @@ pub enum ConfError {
     /// Errors found once the whole configuration is read (init_module).
     NoProcess {
         pool: String,
+        /// The directive that named the pool.
+        by: String,
         at: String,
     },
     SharedWithAio {
@@ -69,10 +71,9 @@ impl fmt::Display for ConfError {
             ConfError::Block(msg) => f.write_str(msg),
             ConfError::Compile(msg) => write!(f, "failed to compile: {msg}"),
             ConfError::Duplicate { pool } => write!(f, "is duplicate for pool \"{pool}\""),
-            ConfError::NoProcess { pool, at } => write!(
+            ConfError::NoProcess { pool, by, at } => write!(
                 f,
-                "thread pool \"{pool}\" has thread_pool_init_by_lua but no \
-                 thread_pool_process_by_lua in {at}"
+                "thread pool \"{pool}\" has {by} but no thread_pool_process_by_lua in {at}"
             ),
             ConfError::SharedWithAio { pool, place, at } => write!(
                 f,

@@ -203,6 +203,13 @@ fn large_strings_cross_in_place_both_ways() {
     assert_eq!(r.text(), "ok\n", "{}", n.error_log());
     assert_eq!(borrowed(&n, 0), (4, 4));
     n.assert_clean_log();
+
+    // Every string borrowed, table keys included.
+    let n = start("1");
+    let r = n.get("/echo?pool=one&sizes=9,300,70000");
+    assert_eq!(r.text(), "ok\n", "{}", n.error_log());
+    assert_eq!(borrowed(&n, 0), (0, 0));
+    n.assert_clean_log();
 }
 
 #[test]
@@ -335,4 +342,18 @@ fn nginx_t_checks_the_size() {
             "{bad}: {err}"
         );
     }
+    // A pool named only here is an error that names the directive.
+    let out = nginx_test(
+        "thread_pool one threads=1;",
+        "thread_pool_zero_copy one 16k;",
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains(
+                "thread pool \"one\" has thread_pool_zero_copy but no thread_pool_process_by_lua in "
+            ),
+        "{err}"
+    );
 }
