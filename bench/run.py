@@ -108,19 +108,26 @@ def thread_count(pid):
 
 
 def pool_threads_cpu_us(pid):
-    """CPU time (user + system) of pid's threads but the main one (the
-    event loop), in µs; clock-tick resolution (10 ms)."""
-    total = 0
+    """CPU time of pid's threads but the main one (the event loop), in µs:
+    the scheduler's run time of each (schedstat, in ns), or where that is
+    missing user + system time (stat, 10 ms ticks)."""
+    total = 0.0
     for tid in os.listdir(f"/proc/{pid}/task"):
         if int(tid) == pid:
             continue
+        task = f"/proc/{pid}/task/{tid}"
         try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            total += int(Path(f"{task}/schedstat").read_text().split()[0]) / 1000
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            stat = Path(f"{task}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])
-    return total * 1e6 / os.sysconf("SC_CLK_TCK")
+        total += (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 class Nginx:
