@@ -574,6 +574,16 @@ def md_problems(res):
 
 # ---- plots -----------------------------------------------------------------
 
+def handoff_axis(ax, p):
+    """A hand-off plot's panel for payload p: log-log by concurrency."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(HANDOFF_C, [str(c) for c in HANDOFF_C])
+    ax.set_title(PAYLOAD_LABEL[p])
+    ax.set_xlabel("concurrency (light threads)")
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def plots(res, out_dir):
     import matplotlib
     matplotlib.use("Agg")
@@ -597,12 +607,7 @@ def plots(res, out_dir):
                     else:
                         ax.plot(HANDOFF_C, [s and s["rate"] for s in st], "-",
                                 marker="o", color=COLORS[v], label=LABEL[v])
-                ax.set_xscale("log")
-                ax.set_yscale("log")
-                ax.set_xticks(HANDOFF_C, [str(c) for c in HANDOFF_C])
-                ax.set_title(PAYLOAD_LABEL[p])
-                ax.set_xlabel("concurrency (light threads)")
-                ax.grid(True, which="both", alpha=0.3)
+                handoff_axis(ax, p)
             axes[0].set_ylabel("round trip µs" if what == "latency" else "tasks/s")
             axes[0].legend(fontsize=7)
             fig.suptitle(("Hand-off round-trip latency, p50 (solid) and p99 (dashed)"
@@ -622,12 +627,7 @@ def plots(res, out_dir):
                 ys = [overhead(s, i) for s, i in st]
                 if any(y is not None for y in ys):
                     ax.plot(HANDOFF_C, ys, "-", marker="o", color=COLORS[v], label=LABEL[v])
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xticks(HANDOFF_C, [str(c) for c in HANDOFF_C])
-            ax.set_title(PAYLOAD_LABEL[p])
-            ax.set_xlabel("concurrency (light threads)")
-            ax.grid(True, which="both", alpha=0.3)
+            handoff_axis(ax, p)
             ax.legend(fontsize=7)
         axes[0].set_ylabel("hand-off overhead, CPU µs per task")
         fig.suptitle("Hand-off cost: event loop + pool threads per task, minus the inline "
