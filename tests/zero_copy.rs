@@ -292,6 +292,38 @@ fn reload_and_quit_with_borrowed_strings_in_flight() {
     }
 }
 
+/// The shim preloaded in init_by_lua (the master's Lua VM, closed at each
+/// reload with its finalizers, the sentinel's included): reloads and quit
+/// stay clean, and the workers' pushes work.
+#[test]
+fn shim_preloaded_in_the_master() {
+    let mut n = Nginx::start(
+        "thread_pool one threads=1;",
+        &format!("{HTTP}\ninit_by_lua_block {{ require \"resty.threadpool\" }}"),
+    );
+    for round in 0..3 {
+        let old = n.workers();
+        assert_eq!(n.get(&format!("/hold?i={round}")).text(), "timeout\n");
+        assert_eq!(n.get("/gc").text(), "collected\n");
+        n.signal("HUP");
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let now = n.workers();
+                now.len() == 1 && !old.contains(&now[0])
+            }),
+            "no new worker: {}",
+            n.error_log()
+        );
+    }
+    let r = n.get("/echo?pool=one&sizes=20000");
+    assert_eq!(r.text(), "ok\n");
+    assert!(n.quit(Duration::from_secs(10)), "nginx did not quit");
+    let log = n.error_log();
+    for bad in ["exited on signal", "[alert]", "[crit]", "[error]", "panic"] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
+}
+
 #[test]
 fn a_thread_keeps_its_results_alive_until_read() {
     let n = start("16k");
