@@ -17,7 +17,6 @@ local C = ffi.C
 local ffi_new = ffi.new
 local ffi_str = ffi.string
 local ffi_cast = ffi.cast
-local encode = codec.encode
 local encode_borrowing = codec.encode_borrowing
 local decode_results = codec.decode_results
 local get_request = base.get_request
@@ -221,17 +220,10 @@ end
 -- the value error. With `borrow`, strings from that size go to scratch.
 local function encode_args(borrow, ...)
     args_buf:reset()
-    local ok, err
-    if borrow then
-        ok, err = encode_borrowing(args_buf, "argument", scratch, borrow,
-                                   select("#", ...), ...)
-    else
-        ok, err = encode(args_buf, "argument", select("#", ...), ...)
-    end
+    local ok, err = encode_borrowing(args_buf, "argument", scratch, borrow,
+                                     select("#", ...), ...)
     if not ok then
-        if borrow then
-            clear_tab(scratch)
-        end
+        clear_tab(scratch)
         return nil, err
     end
     return args_buf:ref()
@@ -253,12 +245,11 @@ local function push(pool, ms, ...)
     if anchored > 0 then
         reap()
     end
-    local borrow = pool.borrow
-    local p, len = encode_args(borrow, ...)
+    local p, len = encode_args(pool.borrow, ...)
     if not p then
         return nil, len
     end
-    local nspans = borrow and borrowed_spans() or 0
+    local nspans = borrowed_spans()
 
     err_len[0] = ERR_BUF_SIZE
     task_out[0] = 0
@@ -349,13 +340,8 @@ local function push_batch(pool, ms, list)
         else
             local count = args.n or #args
             local borrowed = #scratch
-            if borrow then
-                ok, err = encode_borrowing(args_buf, "argument", scratch, borrow,
-                                           count, unpack(args, 1, count))
-            else
-                ok, err = encode(args_buf, "argument", count,
-                                 unpack(args, 1, count))
-            end
+            ok, err = encode_borrowing(args_buf, "argument", scratch, borrow,
+                                       count, unpack(args, 1, count))
             counts_buf[i - 1] = #scratch - borrowed
         end
         if not ok then
@@ -367,7 +353,7 @@ local function push_batch(pool, ms, list)
         before = size
     end
     local p, len = args_buf:ref()
-    local nspans = borrow and borrowed_spans() or 0
+    local nspans = borrowed_spans()
 
     -- Per call: the handles must outlive the yield, during which other
     -- requests push.

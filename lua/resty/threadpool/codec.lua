@@ -425,10 +425,11 @@ end
 -- As encode, and strings of at least min bytes (at any depth) are not
 -- copied but appended to the array list, the payload referring to them
 -- by their place among those it appended (from 0): whoever sends the
--- payload keeps them alive until it is decoded.  On error list holds
--- strings of the partial payload.
+-- payload keeps them alive until it is decoded.  Without min, nothing is
+-- borrowed.  On error list holds strings of the partial payload.
 function _M.encode_borrowing(buf, what, list, min, n, ...)
-    borrowed, borrow_min, borrowed_bytes, borrow_base = list, min, 0, #list
+    borrowed, borrow_min, borrowed_bytes, borrow_base =
+        list, min or math.huge, 0, #list
     local ok, err = _M.encode(buf, what, n, ...)
     borrowed, borrow_min, borrowed_bytes = nil, math.huge, 0
     return ok, err
