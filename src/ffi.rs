@@ -4,6 +4,7 @@
 //! caller's buffer.
 
 use crate::codec::Span;
+use crate::conf::PoolConf;
 use crate::ngx::guard::no_unwind;
 use crate::ngx::log;
 use crate::ngx::shim::{self, ErrOut, Out, Request};
@@ -41,15 +42,11 @@ pub extern "C" fn ngx_threadpool_api_version() -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> c_int {
     no_unwind("pool_id", -1, || {
-        // SAFETY: the caller vouches for name/len; ngx_cycle is the running,
-        // configured cycle.
-        let (name, conf) = unsafe {
-            (
-                shim::bytes(name, len),
-                crate::conf::main_conf(sys::ngx_cycle),
-            )
-        };
-        conf.and_then(|c| c.pools.iter().position(|p| p.name.as_bytes() == name))
+        // SAFETY: the caller vouches for name/len.
+        let name = unsafe { shim::bytes(name, len) };
+        configured_pools()
+            .iter()
+            .position(|p| p.name.as_bytes() == name)
             .map_or(-1, |id| id as c_int)
     })
 }
@@ -60,14 +57,19 @@ pub unsafe extern "C" fn ngx_threadpool_pool_id(name: *const u8, len: usize) -> 
 #[no_mangle]
 pub extern "C" fn ngx_threadpool_zero_copy(pool: c_int) -> i64 {
     no_unwind("zero_copy", -1, || {
-        // SAFETY: ngx_cycle is the running, configured cycle.
-        let conf = unsafe { crate::conf::main_conf(sys::ngx_cycle) };
         let pool = usize::try_from(pool).ok();
-        match conf.and_then(|c| c.pools.get(pool?)) {
+        match pool.and_then(|i| configured_pools().get(i)) {
             Some(p) => p.zero_copy.map_or(0, |n| n as i64),
             None => -1,
         }
     })
+}
+
+/// The pools of the running configuration (none without an http block).
+fn configured_pools() -> &'static [PoolConf] {
+    // SAFETY: ngx_cycle is the running, configured cycle, whose main conf
+    // lives as long as the process uses this configuration.
+    unsafe { crate::conf::main_conf(sys::ngx_cycle) }.map_or(&[], |c| &c.pools)
 }
 
 /// Queues a task with the encoded arguments `data` for the request `r` and

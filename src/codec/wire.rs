@@ -55,11 +55,8 @@ impl Span {
     /// # Safety
     /// The bytes must still be kept alive by their owner (see Span).
     pub unsafe fn bytes<'a>(&self) -> &'a [u8] {
-        if self.len == 0 {
-            return &[];
-        }
         // SAFETY: forwarded from the caller.
-        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+        unsafe { crate::ngx::shim::bytes(self.data, self.len) }
     }
 }
 

@@ -120,6 +120,10 @@ fn split(id: TaskId) -> (u32, u32) {
     ((id >> 32) as u32, id as u32)
 }
 
+fn join(gen: u32, index: u32) -> TaskId {
+    (u64::from(gen) << 32) | u64::from(index)
+}
+
 impl Tasks {
     /// A buffer for a new task's payload.
     pub fn buffer(&mut self) -> Vec<u8> {
@@ -183,7 +187,7 @@ impl Tasks {
         slot.failed = false;
         slot.borrowed = borrowed;
         slot.pool = pool as u32;
-        let id = (u64::from(slot.gen) << 32) | u64::from(index);
+        let id = join(slot.gen, index);
         self.link(index, owner);
         Ok(id)
     }
@@ -308,8 +312,7 @@ impl Tasks {
         let slot = &mut self.slots[index as usize];
         if slot.borrowed {
             slot.borrowed = false;
-            self.reaped
-                .push((u64::from(slot.gen) << 32) | u64::from(index));
+            self.reaped.push(join(slot.gen, index));
         }
         if slot.sema_posted {
             // A post nobody consumed: the semaphore keeps a resource.
@@ -333,7 +336,7 @@ impl Tasks {
         // SAFETY: the caller vouches for owner.
         while let Some(index) = Some(unsafe { (*owner).head }).filter(|&h| h != NONE) {
             let slot = &self.slots[index as usize];
-            let id = (u64::from(slot.gen) << 32) | u64::from(index);
+            let id = join(slot.gen, index);
             match self.release(id, Release::RequestGone) {
                 Some(buf) => bufs.push(buf),
                 None => self.unlink(index),
