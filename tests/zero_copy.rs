@@ -160,6 +160,29 @@ fn start(zero_copy: &str) -> Nginx {
     )
 }
 
+/// Reloads and waits for the one new worker.
+fn reload(n: &Nginx) {
+    let old = n.workers();
+    n.signal("HUP");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let now = n.workers();
+            now.len() == 1 && !old.contains(&now[0])
+        }),
+        "no new worker: {}",
+        n.error_log()
+    );
+}
+
+/// The harness's log checks, and no error or critical line either.
+fn assert_no_errors(n: &Nginx) {
+    n.assert_clean_log();
+    let log = n.error_log();
+    for bad in ["[crit]", "[error]"] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
+}
+
 fn debug_lines(n: &Nginx, what: &str) -> Vec<String> {
     std::fs::read_to_string(n.dir.join("logs/debug.log"))
         .unwrap()
@@ -269,27 +292,15 @@ fn strings_of_callers_gone_are_let_go_of_without_another_push() {
 #[test]
 fn reload_and_quit_with_borrowed_strings_in_flight() {
     let mut n = start("16k");
-    let old = n.workers();
     for i in 0..10 {
         assert_eq!(n.get(&format!("/hold?i={i}")).text(), "timeout\n");
     }
-    n.signal("HUP");
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let now = n.workers();
-            now.len() == 1 && !old.contains(&now[0])
-        }),
-        "no new worker: {}",
-        n.error_log()
-    );
+    reload(&n);
     for i in 10..20 {
         assert_eq!(n.get(&format!("/hold?i={i}")).text(), "timeout\n");
     }
     assert!(n.quit(Duration::from_secs(10)), "nginx did not quit");
-    let log = n.error_log();
-    for bad in ["exited on signal", "[alert]", "[crit]", "[error]", "panic"] {
-        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
-    }
+    assert_no_errors(&n);
 }
 
 /// The shim preloaded in init_by_lua (the master's Lua VM, closed at each
@@ -302,26 +313,14 @@ fn shim_preloaded_in_the_master() {
         &format!("{HTTP}\ninit_by_lua_block {{ require \"resty.threadpool\" }}"),
     );
     for round in 0..3 {
-        let old = n.workers();
         assert_eq!(n.get(&format!("/hold?i={round}")).text(), "timeout\n");
         assert_eq!(n.get("/gc").text(), "collected\n");
-        n.signal("HUP");
-        assert!(
-            eventually(Duration::from_secs(10), || {
-                let now = n.workers();
-                now.len() == 1 && !old.contains(&now[0])
-            }),
-            "no new worker: {}",
-            n.error_log()
-        );
+        reload(&n);
     }
     let r = n.get("/echo?pool=one&sizes=20000");
     assert_eq!(r.text(), "ok\n");
     assert!(n.quit(Duration::from_secs(10)), "nginx did not quit");
-    let log = n.error_log();
-    for bad in ["exited on signal", "[alert]", "[crit]", "[error]", "panic"] {
-        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
-    }
+    assert_no_errors(&n);
 }
 
 #[test]
@@ -353,9 +352,7 @@ fn results_outlive_a_rebuilt_lua_state() {
     assert!(n.quit(Duration::from_secs(10)), "nginx did not quit");
     let log = n.error_log();
     assert_eq!(log.matches("rebuilding its Lua state").count(), 3, "{log}");
-    for bad in ["exited on signal", "[alert]", "[emerg]", "panic"] {
-        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
-    }
+    n.assert_clean_log();
 }
 
 #[test]
