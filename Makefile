@@ -117,10 +117,9 @@ install: install-files
 # The files alone (0644, readable by nginx's worker user), without the link.
 install-files: $(MODULE)
 	install -d -m 0755 $(DESTDIR)$(MODULES_DIR) $(DESTDIR)$(MODULES_AVAILABLE) \
-		$(DESTDIR)$(LUA_DIR)/resty/$(NAME)
+		$(DESTDIR)$(LUA_DIR)/resty
 	install -m 0644 $(MODULE) $(DESTDIR)$(MODULES_DIR)/$(MODULE_SO)
 	install -m 0644 lua/resty/$(NAME).lua $(DESTDIR)$(LUA_DIR)/resty/
-	install -m 0644 lua/resty/$(NAME)/*.lua $(DESTDIR)$(LUA_DIR)/resty/$(NAME)/
 	install -m 0644 packaging/$(SNIPPET) $(DESTDIR)$(MODULES_AVAILABLE)/
 
 uninstall:
@@ -128,7 +127,6 @@ uninstall:
 		$(DESTDIR)$(MODULES_AVAILABLE)/$(SNIPPET) \
 		$(DESTDIR)$(MODULES_DIR)/$(MODULE_SO) \
 		$(DESTDIR)$(LUA_DIR)/resty/$(NAME).lua
-	rm -rf $(DESTDIR)$(LUA_DIR)/resty/$(NAME)
 
 # target/debian/libnginx-mod-http-threadpool_VERSION-1_ARCH.deb
 deb: build

@@ -24,7 +24,5 @@ build = {
     type = "builtin",
     modules = {
         ["resty.threadpool"] = "lua/resty/threadpool.lua",
-        ["resty.threadpool.codec"] = "lua/resty/threadpool/codec.lua",
-        ["resty.threadpool.decode"] = "lua/resty/threadpool/decode.lua",
     },
 }

@@ -77,6 +77,13 @@ pub unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut Main
     }
 }
 
+/// The pools of the running configuration (none without an http block).
+pub fn running_pools() -> &'static [PoolConf] {
+    // SAFETY: ngx_cycle is the running, configured cycle, whose main conf
+    // lives as long as the process uses this configuration.
+    unsafe { main_conf(sys::ngx_cycle) }.map_or(&[], |c| &c.pools)
+}
+
 /// What a setter sets, carried in the command's `post` field.
 pub const INIT: usize = 0;
 pub const PROCESS: usize = 1;

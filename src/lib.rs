@@ -29,11 +29,13 @@ mod conf_error;
 pub mod ffi;
 pub mod lua;
 pub mod ngx;
+pub mod preload;
 pub mod status;
 pub mod vm;
 pub mod worker;
 
 use conf::{MainConf, BLOCK, FILE, INIT, PROCESS};
+use ngx::conf::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::module::{command, module, NULL_COMMAND};
 use ngx::{ngx_string, sys};
 use std::ffi::{c_char, c_void};
@@ -122,7 +124,7 @@ static mut HTTP_CTX: sys::ngx_http_module_t = sys::ngx_http_module_t {
     preconfiguration: None,
     postconfiguration: Some(postconfiguration),
     create_main_conf: Some(create_main_conf),
-    init_main_conf: None,
+    init_main_conf: Some(init_main_conf),
     create_srv_conf: None,
     merge_srv_conf: None,
     create_loc_conf: None,
@@ -160,10 +162,27 @@ unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
             parsing.emerg(&msg);
             return ptr::null_mut();
         }
+
         // SAFETY: cf->pool is the new cycle's pool: the conf is dropped with
         // it at the next reload.
         unsafe { ngx::pool::adopt((*cf).pool, MainConf::default()) }
             .map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    })
+}
+
+/// The http block is read: the shim's C functions for lua-nginx-module's
+/// VMs. Every main conf exists now, the lua module's included, and no
+/// postconfiguration has run yet: the lua module's, which may create its
+/// VM and run init_by_lua, comes later.
+unsafe extern "C" fn init_main_conf(cf: *mut sys::ngx_conf_t, _conf: *mut c_void) -> *mut c_char {
+    ngx::guard::no_unwind("init_main_conf", NGX_CONF_ERROR, || {
+        // SAFETY: nginx passes the configuration being parsed.
+        let parsing = unsafe { ngx::conf::Conf::from_raw(cf) };
+        if ngx::lua::add_preload(parsing, preload::PACKAGE, preload::open) {
+            NGX_CONF_OK
+        } else {
+            NGX_CONF_ERROR
+        }
     })
 }
 

@@ -55,7 +55,7 @@ unsafe extern "C" fn status_handler(r: *mut sys::ngx_http_request_t) -> sys::ngx
 }
 
 /// (name, help, type) of each counter, in PoolStats::write's order.
-const COUNTERS: [(&str, &str, &str); 9] = [
+const COUNTERS: [(&str, &str, &str); 10] = [
     (
         "ngx_threadpool_threads",
         "Threads of the pool in the worker.",
@@ -99,6 +99,11 @@ const COUNTERS: [(&str, &str, &str); 9] = [
     (
         "ngx_threadpool_tasks_abandoned_total",
         "Tasks whose request went away.",
+        "counter",
+    ),
+    (
+        "ngx_threadpool_tasks_cancelled_total",
+        "Tasks not run: their caller gave up before a thread took them.",
         "counter",
     ),
 ];

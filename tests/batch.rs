@@ -109,10 +109,12 @@ fn results_in_order_with_errors_and_holes() {
     );
     assert_eq!(run(&ngx, "{}", ""), "0 ");
     assert_eq!(ngx.get("/squares?n=1000").text(), "1000");
-    // One wake-up of the caller for the whole batch.
+    // A batch is one record and one completion: the caller is resumed
+    // once for the whole batch.
     let debug = std::fs::read_to_string(ngx.dir.join("logs/debug.log")).unwrap();
     let lines = |what: &str| debug.lines().filter(|l| l.contains(what)).count();
-    assert_eq!(lines("done, in a batch"), 999 + 5);
+    assert_eq!(lines("queued for thread pool \"work\": 1000 tasks"), 1);
+    assert_eq!(lines("queued for thread pool \"work\": 6 tasks"), 1);
     assert_eq!(lines("done, resuming its caller"), 2);
     ngx.assert_clean_log();
 }
@@ -145,17 +147,31 @@ fn nothing_queued_on_a_full_queue_or_a_bad_value() {
 #[test]
 fn a_timeout_lets_go_of_the_whole_batch() {
     let ngx = start();
+    // both threads sleep; "b" waits in the queue
     assert_eq!(
-        run(&ngx, r#"{ {"a"}, {"sleep", 0.3}, {"b"} }"#, "&timeout=0.05"),
+        run(
+            &ngx,
+            r#"{ {"sleep", 0.3}, {"sleep", 0.3}, {"b"} }"#,
+            "&timeout=0.05"
+        ),
         "nil timeout"
     );
-    // the pool keeps working, and the late results are dropped
+    // the pool keeps working, the late results are dropped, and the task
+    // no thread had started when the caller gave up is not run
     assert_eq!(run(&ngx, r#"{ {"c"} }"#, ""), "1 {true,c}");
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    let stats = ngx.get("/stats?pool=work").text();
-    let n: Vec<u32> = stats.split(' ').map(|x| x.parse().unwrap()).collect();
-    // pushed, rejected, timed out (those still running), completed
-    assert!(n[0] == 4 && n[1] == 0 && n[2] >= 1 && n[3] == 4, "{stats}");
+    // pushed, rejected, timed out, completed, once the sleeps are done
+    let stats = || ngx.get("/stats?pool=work").text();
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || stats() == "4 0 1 3"),
+        "{}",
+        stats()
+    );
+    let debug = std::fs::read_to_string(ngx.dir.join("logs/debug.log")).unwrap();
+    assert_eq!(
+        debug.matches("skipped: its caller gave up").count(),
+        1,
+        "{debug}"
+    );
     ngx.assert_clean_log();
 }
 

@@ -30,11 +30,11 @@ fn lifecycle_notices_and_the_journey_in_the_debug_log() {
     assert!(ngx.quit(Duration::from_secs(10)), "nginx did not quit");
     let debug = std::fs::read_to_string(ngx.dir.join("logs/debug.log")).unwrap();
     for step in [
-        "queued for thread pool \"dbg\", ",
+        "queued for thread pool \"dbg\": ",
         "started in thread pool \"dbg\" thread #",
         "finished in thread pool \"dbg\": Done, ",
         "done, resuming its caller",
-        "resumed, ",
+        " resumed",
     ] {
         assert!(
             debug.lines().any(|l| l.contains("[debug]")

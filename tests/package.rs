@@ -110,8 +110,6 @@ fn package_files_and_dependencies() {
             MODULE_SO,
             "usr/share/doc/libnginx-mod-http-threadpool/README.md.gz",
             "usr/share/lua/5.1/resty/threadpool.lua",
-            "usr/share/lua/5.1/resty/threadpool/codec.lua",
-            "usr/share/lua/5.1/resty/threadpool/decode.lua",
             SNIPPET,
         ]
     );
@@ -136,19 +134,9 @@ fn package_files_and_dependencies() {
 #[test]
 fn lua_packaging_follows_the_crate() {
     let version = env!("CARGO_PKG_VERSION");
-    let mut lua_files: Vec<String> = ["threadpool.lua", "threadpool"]
-        .iter()
-        .flat_map(|p| {
-            let p = repo().join("lua/resty").join(p);
-            if p.is_dir() {
-                std::fs::read_dir(&p)
-                    .unwrap()
-                    .map(|e| e.unwrap().path())
-                    .collect()
-            } else {
-                vec![p]
-            }
-        })
+    let mut lua_files: Vec<String> = std::fs::read_dir(repo().join("lua/resty"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
         .map(|p| {
             p.strip_prefix(repo())
                 .unwrap()
@@ -378,8 +366,6 @@ fn make_install_and_uninstall() {
              /usr/share/nginx/modules-available/mod-http-threadpool.conf",
             "./usr/lib/nginx/modules/ngx_http_threadpool_module.so 644 ",
             "./usr/share/lua/5.1/resty/threadpool.lua 644 ",
-            "./usr/share/lua/5.1/resty/threadpool/codec.lua 644 ",
-            "./usr/share/lua/5.1/resty/threadpool/decode.lua 644 ",
             "./usr/share/nginx/modules-available/mod-http-threadpool.conf 644 ",
         ]
     );

@@ -39,6 +39,7 @@ const HTTP: &str = r#"
             elseif op == 'block' then
                 ffi.C.poll(nil, 0, a)
             elseif op == 'md5' then
+                ffi.C.poll(nil, 0, b)
                 ngx.log(ngx.INFO, 'GOT ', ngx.md5(a))
             elseif op == 'make' then
                 return string.rep(string.char(97 + b % 26), a - 8) .. string.format('%8d', b)
@@ -82,16 +83,16 @@ const HTTP: &str = r#"
             }
         }
 
-        # The pool's one thread is busy: the task times out while queued,
-        # the caller drops its string and collects, then fills the memory.
+        # The task times out while it runs (it reads its string after 250
+        # ms); the caller drops its string and collects, then fills the
+        # memory.
         location /timeout {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
                 local size = tonumber(ngx.var.arg_size)
-                assert(tp.one:post_task("block", 50))
                 local s = string.rep("s", size - 8) .. string.format("%8d", ngx.var.arg_i)
                 ngx.log(ngx.INFO, "WANT ", ngx.md5(s))
-                local res, err = tp.one:push_task_timeout(0.005, "md5", s)
+                local res, err = tp.one:push_task_timeout(0.05, "md5", s, 250)
                 s = nil
                 collectgarbage()
                 collectgarbage()
@@ -107,9 +108,8 @@ const HTTP: &str = r#"
         location /hold {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                assert(tp.one:post_task("block", 20))
                 local s = string.format("%8d", ngx.var.arg_i) .. string.rep("h", 1048568)
-                local res, err = tp.one:push_task_timeout(0.001, "md5", s)
+                local res, err = tp.one:push_task_timeout(0.05, "md5", s, 150)
                 ngx.say(err)
             }
         }
@@ -213,18 +213,19 @@ fn large_strings_cross_in_place_both_ways() {
     let r = n.get("/echo?pool=one&sizes=16383,16384,65536,1048576,4194304");
     assert_eq!(r.text(), "ok\n", "{}", n.error_log());
     // Each size once alone, once in the batch. From 16384 bytes a task
-    // alone borrows its three strings (the same one, three times), one of
-    // the batch its one; each result borrows its top-level string but not
-    // the table's; below 16384, nothing is borrowed.
+    // alone borrows its three strings (the same one, three times), the
+    // batch one per task (four); each result borrows its top-level string
+    // but not the table's; below 16384, nothing is borrowed.
     assert_eq!(borrowed(&n, 3), (4, 0));
-    assert_eq!(borrowed(&n, 1), (4, 8));
-    assert_eq!(borrowed(&n, 0), (2, 2));
+    assert_eq!(borrowed(&n, 4), (1, 0));
+    assert_eq!(borrowed(&n, 1), (0, 8));
+    assert_eq!(borrowed(&n, 0), (1, 2));
     n.assert_clean_log();
 
     let n = start("off");
     let r = n.get("/echo?pool=one&sizes=16384,1048576");
     assert_eq!(r.text(), "ok\n", "{}", n.error_log());
-    assert_eq!(borrowed(&n, 0), (4, 4));
+    assert_eq!(borrowed(&n, 0), (3, 4));
     n.assert_clean_log();
 
     // Every string borrowed, table keys included.
@@ -238,12 +239,15 @@ fn large_strings_cross_in_place_both_ways() {
 #[test]
 fn a_caller_that_stopped_waiting_keeps_its_strings_alive() {
     let n = start("16k");
+    warm_up(&n);
     const COUNT: usize = 20;
     for i in 0..COUNT {
         // one size dlmalloc reuses, one it maps on its own
         let size = if i % 2 == 0 { 65536 } else { 1 << 20 };
         let r = n.get(&format!("/timeout?size={size}&i={i}"));
         assert_eq!(r.text(), "timeout\n");
+        // the task ran (a task a thread had not taken would not)
+        got_at_least(&n, i + 1);
     }
     let sums = |what: &str| -> Vec<String> {
         let log = n.error_log();
@@ -261,18 +265,34 @@ fn a_caller_that_stopped_waiting_keeps_its_strings_alive() {
     n.assert_clean_log();
 }
 
+/// The pool's thread is ready (its Lua state built): a task that must run
+/// while its caller times out is not left queued, and then not run.
+fn warm_up(n: &Nginx) {
+    assert_eq!(n.get("/echo?pool=one&sizes=9").text(), "ok\n");
+}
+
+/// Waits until `k` tasks logged what they read.
+fn got_at_least(n: &Nginx, k: usize) {
+    let got = || n.error_log().matches("GOT ").count();
+    assert!(
+        eventually(Duration::from_secs(10), || got() >= k),
+        "{}",
+        n.error_log()
+    );
+}
+
 /// The strings of callers that stopped waiting are let go of once their
 /// tasks ended, at the next collection of the event loop's VM, even though
 /// the worker pushes nothing more.
 #[test]
 fn strings_of_callers_gone_are_let_go_of_without_another_push() {
     let n = start("16k");
+    warm_up(&n);
     const COUNT: usize = 20;
     for i in 0..COUNT {
         assert_eq!(n.get(&format!("/hold?i={i}")).text(), "timeout\n");
+        got_at_least(&n, i + 1);
     }
-    let got = || n.error_log().matches("GOT ").count();
-    assert!(eventually(Duration::from_secs(10), || got() == COUNT));
     // the pool thread idle long enough to give its memory back
     std::thread::sleep(Duration::from_millis(1500));
     let worker = n.workers()[0];

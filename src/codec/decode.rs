@@ -1,42 +1,36 @@
-//! The decoder: a payload into Lua values of a pool thread's state, built
-//! straight from the msgpack stream on the raw stack (stack.rs).
+//! The decoder: a payload into the `Op`s that build its values on a Lua
+//! stack (lua/stack.rs), for arguments in pool threads and results on the
+//! event loop alike. Pure Rust: a whole payload is checked before anything
+//! is pushed, so it may run under a panic guard, and a bad payload leaves
+//! no half-built value behind.
 
-use super::wire::{Span, BORROWED, MAX_DEPTH, MAX_VALUES, NEST_SLOTS, NOT_ENOUGH_MEMORY};
-use crate::lua::stack::{build_values, Builder};
-use mlua::{Lua, MultiValue};
+use super::wire::{CodecError, Span, BORROWED, MAX_DEPTH, MAX_VALUES};
+use crate::lua::stack::Op;
 use serde::de::{
     self, Deserialize, DeserializeSeed, Deserializer as _, MapAccess, SeqAccess, Visitor,
 };
+use std::cell::RefCell;
 use std::ffi::c_int;
 use std::fmt;
 use std::io;
 
-/// Decodes a payload into Lua values in `lua`.  Absent positions are nil;
-/// msgpack nil becomes `Value::NULL` (ngx.null).
-pub fn decode_values(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
-    // SAFETY: without spans, nothing is read outside `bytes`.
-    unsafe { decode_borrowing(lua, bytes, &[]) }
+/// The values of a payload, ready to build: `n` values (absent positions
+/// are nil; msgpack nil is ngx.null) and the ops that fill them in.
+pub struct Decoded<'a> {
+    pub n: usize,
+    pub ops: Vec<Op<'a>>,
 }
 
-/// As decode_values, for a payload whose borrowed strings are `spans`.
+/// Checks `bytes`, a payload whose borrowed strings are `spans`, and turns
+/// it into ops.
 ///
 /// # Safety
-/// The bytes of every span must be alive (see Span).
-pub unsafe fn decode_borrowing(
-    lua: &Lua,
-    bytes: &[u8],
-    spans: &[Span],
-) -> Result<MultiValue, String> {
-    decode_inner(lua, bytes, spans).map_err(|e| {
-        if e == NOT_ENOUGH_MEMORY {
-            e
-        } else {
-            format!("bad payload: {e}")
-        }
-    })
+/// The bytes of every span must stay alive for `'a` (see Span).
+pub unsafe fn decode<'a>(bytes: &'a [u8], spans: &'a [Span]) -> Result<Decoded<'a>, CodecError> {
+    decode_inner(bytes, spans).map_err(CodecError::BadPayload)
 }
 
-fn decode_inner(lua: &Lua, bytes: &[u8], spans: &[Span]) -> Result<MultiValue, String> {
+fn decode_inner<'a>(bytes: &'a [u8], spans: &'a [Span]) -> Result<Decoded<'a>, String> {
     let mut rd = bytes;
     let n: u64 = rmp::decode::read_int(&mut rd).map_err(|_| "bad value count".to_string())?;
     if n > MAX_VALUES as u64 {
@@ -47,19 +41,27 @@ fn decode_inner(lua: &Lua, bytes: &[u8], spans: &[Span]) -> Result<MultiValue, S
     if k > n {
         return Err("more values than the count".to_string());
     }
-    build_values(lua, n, NEST_SLOTS, |b| {
-        let seed = ValueSeed {
-            b,
-            depth: 0,
-            cap: bytes.len(),
-            spans,
-        };
-        decode_entries(seed, rd, n, k)
+    let ops = RefCell::new(Vec::with_capacity(k));
+    let seed = ValueSeed {
+        ops: &ops,
+        depth: 0,
+        cap: bytes.len(),
+        spans,
+    };
+    decode_entries(seed, rd, n, k)?;
+    Ok(Decoded {
+        n,
+        ops: ops.into_inner(),
     })
 }
 
 /// Decodes the `k` map entries left in `rd` into the `n` value slots.
-fn decode_entries(seed: ValueSeed, rd: &[u8], n: usize, k: usize) -> Result<(), String> {
+fn decode_entries<'a>(
+    seed: ValueSeed<'_, 'a>,
+    rd: &'a [u8],
+    n: usize,
+    k: usize,
+) -> Result<(), String> {
     let mut de = rmp_serde::Deserializer::from_read_ref(rd);
     for _ in 0..k {
         let pos = u64::deserialize(&mut de).map_err(|e| format!("bad position: {e}"))?;
@@ -68,7 +70,8 @@ fn decode_entries(seed: ValueSeed, rd: &[u8], n: usize, k: usize) -> Result<(), 
             .filter(|p| (1..=n).contains(p))
             .ok_or_else(|| "bad position".to_string())?;
         seed.deserialize(&mut de).map_err(|e| e.to_string())?;
-        seed.b.place(pos);
+        // n <= MAX_VALUES fits a c_int
+        seed.push(Op::Place(pos as c_int));
     }
     // The slice reader does not say what is left, but reading an option
     // takes exactly one marker byte, and only an empty input fails there.
@@ -108,22 +111,25 @@ enum Pushed {
     Other,
 }
 
-/// Builds one Lua value straight from the msgpack stream, pushing it
-/// through `b`.
+/// Turns one msgpack value into the ops that push it.
 #[derive(Clone, Copy)]
-struct ValueSeed<'b> {
-    b: &'b Builder,
+struct ValueSeed<'b, 'a> {
+    ops: &'b RefCell<Vec<Op<'a>>>,
     /// Number of tables enclosing the value.
     depth: usize,
     /// Upper bound for table preallocation: a count in a corrupt payload must
     /// not make us allocate more than the payload could hold.
     cap: usize,
-    /// The payload's borrowed strings; their bytes are alive (see
-    /// decode_borrowing).
-    spans: &'b [Span],
+    /// The payload's borrowed strings; their bytes are alive for 'a (see
+    /// decode).
+    spans: &'a [Span],
 }
 
-impl ValueSeed<'_> {
+impl<'a> ValueSeed<'_, 'a> {
+    fn push(&self, op: Op<'a>) {
+        self.ops.borrow_mut().push(op);
+    }
+
     fn inner(self) -> Self {
         ValueSeed {
             depth: self.depth + 1,
@@ -138,15 +144,14 @@ impl ValueSeed<'_> {
         Ok(())
     }
 
-    /// Pushes a new table with room for `narr` array and `nrec` hash items;
-    /// returns its stack index.
-    fn push_table(&self, narr: usize, nrec: usize) -> c_int {
+    /// A new table with room for `narr` array and `nrec` hash items.
+    fn push_table(&self, narr: usize, nrec: usize) {
         let size = |n: usize| n.min(self.cap).min(c_int::MAX as usize) as c_int;
-        self.b.push_table(size(narr), size(nrec))
+        self.push(Op::Table(size(narr), size(nrec)));
     }
 
     fn push_number<E: de::Error>(&self, f: f64) -> Result<Pushed, E> {
-        self.b.push_number(f);
+        self.push(Op::Number(f));
         Ok(if f.is_nan() {
             Pushed::NaN
         } else {
@@ -155,7 +160,7 @@ impl ValueSeed<'_> {
     }
 }
 
-impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
+impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, 'a> {
     type Value = Pushed;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Pushed, D::Error> {
@@ -163,7 +168,7 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for ValueSeed<'_> {
+impl<'de: 'a, 'a> Visitor<'de> for ValueSeed<'_, 'a> {
     type Value = Pushed;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -171,7 +176,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Pushed, E> {
-        self.b.push_null();
+        self.push(Op::Null);
         Ok(Pushed::Null)
     }
 
@@ -180,7 +185,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
     }
 
     fn visit_bool<E: de::Error>(self, b: bool) -> Result<Pushed, E> {
-        self.b.push_bool(b);
+        self.push(Op::Bool(b));
         Ok(Pushed::Other)
     }
 
@@ -197,39 +202,39 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
         self.push_number(f)
     }
 
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<Pushed, E> {
-        self.visit_bytes(s.as_bytes())
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Pushed, E> {
+        self.visit_borrowed_bytes(s.as_bytes())
     }
 
-    fn visit_bytes<E: de::Error>(self, b: &[u8]) -> Result<Pushed, E> {
-        self.b.push_bytes(b);
+    fn visit_borrowed_bytes<E: de::Error>(self, b: &'de [u8]) -> Result<Pushed, E> {
+        self.push(Op::Bytes(b));
         Ok(Pushed::Other)
     }
 
     /// An ext type: only a borrowed string is one.
     fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<Pushed, D::Error> {
         let span = d.deserialize_any(SpanOf(self.spans))?;
-        // SAFETY: the spans' bytes are alive (decode_borrowing's contract).
-        self.b.push_bytes(unsafe { span.bytes() });
+        // SAFETY: the spans' bytes are alive for 'a (decode's contract).
+        self.push(Op::Bytes(unsafe { span.bytes() }));
         Ok(Pushed::Other)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Pushed, A::Error> {
         self.check_depth()?;
-        let t = self.push_table(seq.size_hint().unwrap_or(0), 0);
+        self.push_table(seq.size_hint().unwrap_or(0), 0);
         let mut i: c_int = 0;
         while seq.next_element_seed(self.inner())?.is_some() {
             i = i
                 .checked_add(1)
                 .ok_or_else(|| de::Error::custom("array too long"))?;
-            self.b.set_index(t, i);
+            self.push(Op::SetIndex(i));
         }
         Ok(Pushed::Other)
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pushed, A::Error> {
         self.check_depth()?;
-        let t = self.push_table(0, map.size_hint().unwrap_or(0));
+        self.push_table(0, map.size_hint().unwrap_or(0));
         while let Some(key) = map.next_key_seed(self.inner())? {
             match key {
                 Pushed::Null => return Err(de::Error::custom("nil table key")),
@@ -238,7 +243,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
             }
             map.next_value_seed(self.inner())?;
             // the key is neither nil nor NaN
-            self.b.set_field(t);
+            self.push(Op::SetField);
         }
         Ok(Pushed::Other)
     }

@@ -1,85 +1,118 @@
-//! The encoder: mlua values of a pool thread's state into a payload. Tables
-//! are walked on the raw Lua stack (stack.rs) rather than through an mlua
-//! value per element.
+//! The encoder: Lua values on a raw stack into a payload, for arguments
+//! on the event loop and for results in pool threads alike. Tables are
+//! walked through `Slot` (lua/stack.rs), which only reads: nothing here
+//! allocates in Lua or raises, so it may run under a panic guard.
 
-use super::message::{escape, format_g14, lua_type_name, size_message, type_name, Ctx, Kind};
+use super::message::{escape, format_g14, lua_type_name, size_message, Ctx, Kind};
 use super::wire::{
-    as_int, bin_header_len, CountingWriter, Span, BORROWED, BORROWED_EXT_LEN, EXT, MAX_DEPTH,
-    MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS, NOT_ENOUGH_MEMORY,
+    as_int, bin_header_len, CodecError, CountingWriter, Span, BORROWED, BORROWED_EXT_LEN, EXT,
+    MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
 };
-use crate::lua::stack::{self, Slot};
-use mlua::ffi;
-use mlua::{LuaString, MultiValue, Table, Value};
+use crate::lua::stack::Slot;
+use mlua::ffi::{self, lua_State};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 
-/// Appends the payload for `values` to `out`.  `what` names the values in
-/// error messages ("argument", "return value").  On error `out` is left as
-/// it was.
-pub fn encode_values(values: &MultiValue, out: &mut Vec<u8>, what: &str) -> Result<(), String> {
-    encode_borrowing(values, out, what, None)
+/// Stack slots an encoding needs above the top: reserve them
+/// (lua::stack::reserve) before calling `encode` or `anchor`.
+pub const WALK_SLOTS: usize = NEST_SLOTS + 2;
+
+/// Where the values to encode are.
+#[derive(Clone, Copy)]
+pub enum Source {
+    /// On the stack, the first at this absolute index.
+    Stack(c_int),
+    /// In the table at this absolute stack index, at keys 1..n.
+    Array(c_int),
 }
 
-/// Where the values' large strings go instead of the payload: the strings
-/// of at least `min` bytes that are values themselves (not inside a table:
-/// a table can change after it was returned, a string cannot) become spans
-/// of the payload, and `strings` holds them so that the caller can keep
-/// them alive.
-pub struct Borrow<'a> {
+/// Which strings an encoding borrows (reads in place) instead of copying:
+/// those of at least `min` bytes, inside tables too when `nested` (a
+/// caller's arguments, anchored until the task ends), else only values
+/// themselves (a thread's results: a returned table can still change, a
+/// string cannot).
+#[derive(Clone, Copy)]
+pub struct Borrow {
     pub min: usize,
-    pub spans: &'a mut Vec<Span>,
-    pub strings: &'a mut Vec<LuaString>,
+    pub nested: bool,
 }
 
-impl Borrow<'_> {
-    /// The span index of `st` when it is borrowed.
-    fn take(&mut self, st: &LuaString, len: usize) -> Option<u32> {
-        if len < self.min {
-            return None;
-        }
-        let index = u32::try_from(self.spans.len()).ok()?;
-        self.spans.push(Span::of(&st.as_bytes()));
-        self.strings.push(st.clone());
-        Some(index)
-    }
+/// Where the strings an encoding borrows go.
+pub(super) enum Sink<'a> {
+    /// Their spans, in the payload's order.
+    Spans(&'a mut Vec<Span>),
+    /// The strings themselves, into `t[next..]` of the table at `table`.
+    Table { table: c_int, next: &'a Cell<c_int> },
 }
 
-/// As encode_values, borrowing large strings when `borrow` says so. On
-/// error, nothing is left borrowed.
-pub fn encode_borrowing(
-    values: &MultiValue,
-    out: &mut Vec<u8>,
+/// Appends the payload of `n` values at `src` to `out`, their borrowed
+/// strings' spans to `spans`, and returns how many it borrowed. `what`
+/// names the values in error messages ("argument", "return value"). On
+/// error `out` and `spans` are left as they were.
+///
+/// # Safety
+/// `l` must be a live state of this thread, with the values at `src` and
+/// WALK_SLOTS reserved above its top; no table in them may change during
+/// the call.
+pub unsafe fn encode(
+    l: *mut lua_State,
+    src: Source,
+    n: usize,
     what: &str,
-    mut borrow: Option<Borrow>,
-) -> Result<(), String> {
-    let start = out.len();
-    let borrowed = borrow.as_ref().map_or(0, |b| b.spans.len());
-    let res = encode_into(values, out, what, borrow.as_mut());
+    borrow: Option<Borrow>,
+    out: &mut Vec<u8>,
+    spans: &mut Vec<Span>,
+) -> Result<usize, CodecError> {
+    let (start, borrowed) = (out.len(), spans.len());
+    // SAFETY: forwarded from the caller.
+    let res = unsafe { encode_into(l, src, n, what, borrow, Some(out), Sink::Spans(&mut *spans)) };
     if res.is_err() {
         out.truncate(start);
-        if let Some(b) = borrow {
-            b.spans.truncate(borrowed);
-            b.strings.truncate(borrowed);
-        }
+        spans.truncate(borrowed);
     }
-    res
+    res.map(|()| spans.len() - borrowed)
 }
 
-fn encode_into(
-    values: &MultiValue,
-    out: &mut Vec<u8>,
-    what: &str,
-    borrow: Option<&mut Borrow>,
-) -> Result<(), String> {
-    let n = values.len();
-    // The Lua side only checks this on its multi-value path, where n can be
-    // that large; one value always passes, so the order of checks agrees.
-    if n > MAX_VALUES {
-        return Err(format!("too many {what}s (max {MAX_VALUES})"));
-    }
-    let k = values.iter().filter(|v| !v.is_nil()).count();
+/// Stores the strings that `encode` borrowed from the same values, in the
+/// same order, at `t[start..]` of the table at absolute index `table`,
+/// created with room for all of them in its array part; returns the index
+/// after the last. This is what keeps them alive (the caller anchors the
+/// table) while the payload refers to them.
+///
+/// # Safety
+/// As encode, with the values unchanged since it ran.
+pub unsafe fn store_borrowed(
+    l: *mut lua_State,
+    src: Source,
+    n: usize,
+    borrow: Borrow,
+    table: c_int,
+    start: c_int,
+) -> c_int {
+    let next = Cell::new(start);
+    let sink = Sink::Table { table, next: &next };
+    // SAFETY: forwarded from the caller; the values encoded once already.
+    let _ = unsafe { encode_into(l, src, n, "", Some(borrow), None, sink) };
+    next.get()
+}
 
+/// # Safety
+/// As encode.
+unsafe fn encode_into(
+    l: *mut lua_State,
+    src: Source,
+    n: usize,
+    what: &str,
+    borrow: Option<Borrow>,
+    out: Option<&mut Vec<u8>>,
+    sink: Sink,
+) -> Result<(), CodecError> {
+    if n > MAX_VALUES {
+        return Err(CodecError::Value(format!(
+            "too many {what}s (max {MAX_VALUES})"
+        )));
+    }
     let written = Cell::new(0);
     let oom = Cell::new(false);
     let mut w = CountingWriter {
@@ -87,78 +120,80 @@ fn encode_into(
         written: &written,
         oom: &oom,
     };
-    // Only running out of memory makes these fail.
-    rmp::encode::write_uint(&mut w, n as u64).map_err(|_| NOT_ENOUGH_MEMORY.to_string())?;
-    rmp::encode::write_map_len(&mut w, k as u32).map_err(|_| NOT_ENOUGH_MEMORY.to_string())?;
-
     let ctx = Ctx {
         stack: RefCell::new(Vec::new()),
         written: &written,
         err: RefCell::new(None),
+        borrow,
+        sink: RefCell::new(sink),
     };
-    let borrow = RefCell::new(borrow);
+    // SAFETY: forwarded from the caller: src holds n values, and a slot is
+    // reserved above the top for one pushed from an array.
+    let values = unsafe { Values::new(l, src, &ctx) };
+    let k = (1..=n)
+        .filter(|&pos| values.with(pos, |v| v.lua_type() != ffi::LUA_TNIL))
+        .count();
+    // Only running out of memory makes these fail.
+    rmp::encode::write_uint(&mut w, n as u64).map_err(|_| CodecError::OutOfMemory)?;
+    rmp::encode::write_map_len(&mut w, k as u32).map_err(|_| CodecError::OutOfMemory)?;
     let mut ser = rmp_serde::Serializer::new(&mut w);
-    for (i, v) in values.iter().enumerate() {
-        if v.is_nil() {
-            continue;
-        }
-        let pos = i + 1;
-        (&mut ser)
-            .serialize_u64(pos as u64)
-            .map_err(|_| NOT_ENOUGH_MEMORY.to_string())?;
-        let enc = Enc {
-            v,
-            ctx: &ctx,
-            borrow: &borrow,
-        };
-        if let Err(e) = enc.serialize(&mut ser) {
-            if oom.get() {
-                return Err(NOT_ENOUGH_MEMORY.into());
+    for pos in 1..=n {
+        let res = values.with(pos, |v| {
+            if v.lua_type() == ffi::LUA_TNIL {
+                return Ok(());
             }
-            return Err(ctx.message(what, pos, e));
+            (&mut ser).serialize_u64(pos as u64)?;
+            v.serialize(&mut ser)
+        });
+        if let Err(e) = res {
+            if oom.get() {
+                return Err(CodecError::OutOfMemory);
+            }
+            return Err(CodecError::Value(ctx.message(what, pos, e)));
         }
     }
     if written.get() > MAX_PAYLOAD {
-        return Err(size_message(what));
+        return Err(CodecError::Value(size_message(what)));
     }
     Ok(())
 }
 
-/// A top-level value being encoded.
-struct Enc<'a, 'c, 'b, 'd> {
-    v: &'a Value,
+/// The values of a Source, one Slot at a time.
+struct Values<'a, 'c> {
+    l: *mut lua_State,
+    src: Source,
     ctx: &'a Ctx<'c>,
-    borrow: &'a RefCell<Option<&'b mut Borrow<'d>>>,
 }
 
-impl Serialize for Enc<'_, '_, '_, '_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.v {
-            Value::Boolean(b) => s.serialize_bool(*b),
-            Value::Integer(i) => s.serialize_i64(*i),
-            Value::Number(f) => serialize_number(*f, s),
-            Value::String(st) => {
-                let bytes = st.as_bytes();
-                let borrowed = match self.borrow.borrow_mut().as_mut() {
-                    Some(b) => b.take(st, bytes.len()),
-                    None => None,
-                };
-                match borrowed {
-                    Some(index) => serialize_borrowed(index, bytes.len(), self.ctx, s),
-                    None => serialize_string(&bytes, self.ctx, s),
-                }
+impl<'a, 'c> Values<'a, 'c> {
+    /// # Safety
+    /// As encode.
+    unsafe fn new(l: *mut lua_State, src: Source, ctx: &'a Ctx<'c>) -> Values<'a, 'c> {
+        Values { l, src, ctx }
+    }
+
+    /// Runs `f` on value `pos` (1-based).
+    fn with<R>(&self, pos: usize, f: impl FnOnce(Slot<'a, Ctx<'c>>) -> R) -> R {
+        match self.src {
+            // SAFETY: the caller of new vouched for the values at src.
+            Source::Stack(first) => {
+                f(unsafe { Slot::new(self.l, first + pos as c_int - 1, self.ctx) })
             }
-            Value::Table(t) => serialize_table(t, self.ctx, s),
-            // ngx.null; Nil only reaches here if a caller nests it oddly.
-            Value::LightUserData(ud) if ud.0.is_null() => s.serialize_unit(),
-            Value::Nil => s.serialize_unit(),
-            other => Err(self.ctx.fail(Kind::Type(type_name(other)))),
+            Source::Array(table) => {
+                // SAFETY: as above; pos <= MAX_VALUES fits a c_int.
+                let t = unsafe { Slot::new(self.l, table, self.ctx) };
+                let top = t.top();
+                t.push_index(pos as c_int);
+                let res = f(t.at(top + 1, 0));
+                t.pop_to(top);
+                res
+            }
         }
     }
 }
 
 fn serialize_number<S: Serializer>(f: f64, s: S) -> Result<S::Ok, S::Error> {
-    // Same rule as the Lua side: integral, in int64 range and not -0.0.
+    // Integral, in int64 range and not -0.0: an int, else a float64.
     match as_int(f) {
         Some(i) if !(f == 0.0 && f.is_sign_negative()) => s.serialize_i64(i),
         _ => s.serialize_f64(f),
@@ -203,14 +238,6 @@ impl Serialize for ExtData<'_> {
     }
 }
 
-/// Encodes a top-level table: pushes it and walks it on the raw stack.
-fn serialize_table<S: Serializer>(t: &Table, ctx: &Ctx, s: S) -> Result<S::Ok, S::Error> {
-    match stack::walk_table(t, NEST_SLOTS, ctx, |table| table.serialize(s)) {
-        Ok(res) => res,
-        Err(msg) => Err(ctx.fail(Kind::Lua(msg))),
-    }
-}
-
 impl Serialize for Slot<'_, Ctx<'_>> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.serialize_as(self.lua_type(), s)
@@ -223,7 +250,7 @@ impl Slot<'_, Ctx<'_>> {
         match ty {
             ffi::LUA_TBOOLEAN => s.serialize_bool(self.boolean()),
             ffi::LUA_TNUMBER => serialize_number(self.number(), s),
-            ffi::LUA_TSTRING => serialize_string(self.bytes(), self.ctx, s),
+            ffi::LUA_TSTRING => self.serialize_string(s),
             ffi::LUA_TTABLE => self.serialize_table(s),
             ffi::LUA_TLIGHTUSERDATA if self.is_null() => s.serialize_unit(),
             ffi::LUA_TNIL => s.serialize_unit(),
@@ -231,10 +258,36 @@ impl Slot<'_, Ctx<'_>> {
         }
     }
 
+    fn serialize_string<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let bytes = self.bytes();
+        let ctx = self.ctx;
+        let borrows = ctx
+            .borrow
+            .is_some_and(|b| bytes.len() >= b.min && (b.nested || self.depth == 0));
+        if !borrows {
+            return serialize_string(bytes, ctx, s);
+        }
+        let index = match &mut *ctx.sink.borrow_mut() {
+            Sink::Spans(spans) => {
+                let Ok(index) = u32::try_from(spans.len()) else {
+                    return serialize_string(bytes, ctx, s);
+                };
+                spans.push(Span::of(bytes));
+                index
+            }
+            Sink::Table { table, next } => {
+                self.store_in(*table, next.get());
+                next.set(next.get() + 1);
+                0
+            }
+        };
+        serialize_borrowed(index, bytes.len(), ctx, s)
+    }
+
     fn serialize_table<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let ctx = self.ctx;
         let ptr = self.pointer();
-        // Same order of checks as the Lua side: cycle, depth, contents.
+        // Cycle, depth, contents: the first problem found is reported.
         if ctx.stack.borrow().contains(&ptr) {
             return Err(ctx.fail(Kind::Cyclic));
         }
@@ -310,8 +363,8 @@ impl Slot<'_, Ctx<'_>> {
     ) -> Result<S::Ok, S::Error> {
         let ctx = self.ctx;
         let mut map = s.serialize_map(Some(n))?;
-        // Raw `next` order, as the Lua side iterates, so maps come out
-        // identical.
+        // Raw `next` order: the same walk twice (encode, then anchor)
+        // meets the strings in the same order.
         let k = self.at(self.top() + 1, level);
         let v = self.at(k.idx + 1, level);
         self.start_pairs();
@@ -326,7 +379,7 @@ impl Slot<'_, Ctx<'_>> {
         map.end()
     }
 
-    /// Path segment for this table key, as the Lua side renders it.
+    /// Path segment for this table key in an error message.
     fn key_segment(&self) -> String {
         match self.lua_type() {
             ffi::LUA_TSTRING => format!("[\"{}\"]", escape(self.bytes())),

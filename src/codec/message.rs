@@ -1,9 +1,9 @@
-//! Error messages of the encoder, worded and formatted as the event loop's
-//! codec (lua/resty/threadpool/codec.lua) words them.
+//! Error messages of the encoder: what cannot cross, and where in the
+//! value it is (`cannot pass function in argument #1 at ["a"][3]`).
 
+use super::encode::{Borrow, Sink};
 use super::wire::{MAX_DEPTH, MAX_PAYLOAD};
 use mlua::ffi;
-use mlua::Value;
 use serde::ser;
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
@@ -17,8 +17,6 @@ pub(super) enum Kind {
     Cyclic,
     Deep,
     Size,
-    /// A Lua error (out of memory) while walking a table.
-    Lua(String),
 }
 
 pub(super) struct EncError {
@@ -36,6 +34,9 @@ pub(super) struct Ctx<'a> {
     pub(super) written: &'a Cell<usize>,
     /// The real error; the serializer only carries a placeholder.
     pub(super) err: RefCell<Option<EncError>>,
+    /// Which strings are borrowed, and where they go.
+    pub(super) borrow: Option<Borrow>,
+    pub(super) sink: RefCell<Sink<'a>>,
 }
 
 impl Ctx<'_> {
@@ -69,7 +70,6 @@ impl Ctx<'_> {
             Kind::Cyclic => format!("cyclic table in {what} #{pos}{at}"),
             Kind::Deep => format!("table nested deeper than {MAX_DEPTH} in {what} #{pos}{at}"),
             Kind::Size => size_message(what),
-            Kind::Lua(msg) => format!("cannot encode {what} #{pos}{at}: {msg}"),
         }
     }
 }
@@ -78,25 +78,8 @@ pub(super) fn size_message(what: &str) -> String {
     format!("{what}s exceed {MAX_PAYLOAD} bytes")
 }
 
-/// Lua's `type()` name of a value (mlua says "integer" for some numbers).
-pub fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Nil => "nil",
-        Value::Boolean(_) => "boolean",
-        Value::Integer(_) | Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Table(_) => "table",
-        Value::Function(_) => "function",
-        Value::Thread(_) => "thread",
-        // Error is a userdata inside Lua; light userdata is "userdata" too.
-        Value::LightUserData(_) | Value::UserData(_) | Value::Error(_) => "userdata",
-        // On LuaJIT the only type mlua does not know is cdata.
-        _ => "cdata",
-    }
-}
-
 /// Lua's `type()` name for a `lua_type` code.
-pub(super) fn lua_type_name(t: c_int) -> &'static str {
+pub fn lua_type_name(t: c_int) -> &'static str {
     match t {
         ffi::LUA_TNIL => "nil",
         ffi::LUA_TBOOLEAN => "boolean",

@@ -1,8 +1,6 @@
-//! MessagePack codec for values crossing between the nginx event loop's
-//! LuaJIT VM and the worker threads' LuaJIT VMs.
-//!
-//! `lua/resty/threadpool/codec.lua` (and `decode.lua`) implements the same format on the event
-//! loop side; the two must agree byte for byte:
+//! MessagePack codec for the values crossing between the nginx event
+//! loop's LuaJIT VM and the pool threads' LuaJIT VMs: one encoder and one
+//! decoder, both on raw Lua stacks, used on both sides.
 //!
 //! ```text
 //! payload := uint(n) map(k) { uint(position) value }*k
@@ -17,53 +15,110 @@
 //! the smallest int encoding, others float64; strings are always bin; a table
 //! whose keys are exactly `1..n` is an array, any other table a map.
 //!
-//! Tables are walked and built on the raw Lua stack, inside
-//! `Lua::exec_raw`, rather than through an mlua `Value` per element: mlua's
-//! reference bookkeeping for each value cost more than the codec itself.
-//! exec_raw runs its closure in a protected call (lua_pcall), so a Lua error
-//! raised inside unwinds to it across our frames (LuaJIT throws with the
-//! system unwinder on x64; elsewhere it would longjmp).  That is sound
-//! because of what can raise where:
-//! - encoding: only the one lua_checkstack at the start (out of memory),
-//!   before the closure has made anything; the walk itself only reads and
-//!   pushes into the reserved slots, which never allocates;
-//! - decoding: lua_createtable, lua_pushlstring, lua_rawset(i) (out of
-//!   memory, an error from a `__gc` finalizer that an allocation's GC step
-//!   runs, or a size overflow from a huge corrupt payload), and the frames
-//!   then between exec_raw and LuaJIT (the closure, rmp_serde's deserializer
-//!   over a slice, our seeds) own nothing with a destructor: error strings
-//!   only exist after the last Lua call.
-//!
-//! Nothing leaks, and exec_raw restores the stack; the half-built tables are
-//! garbage.
-//!
-//! Speed in µs per call, mlua values -> raw stack (release build, minimum
-//! of 3 x 7 runs on a shared 2-core VM; `codec_speed` in the tests):
-//!
-//! ```text
-//!                           encode            decode
-//! 16 B string               0.05 -> 0.05      0.14 -> 0.31
-//! 1 KiB string              0.06 -> 0.05      0.15 -> 0.32
-//! 64 KiB string             2.17 -> 2.16      1.56 -> 1.70
-//! 100 records x 10 strings   439 -> 91         247 -> 90
-//! 1000 numbers               124 -> 55          65 -> 18
-//! ```
-//!
-//! A decode now pays ~0.15 µs for exec_raw's protected call.  Most of what
-//! tables still cost is LuaJIT's own work behind its C API: interning
-//! strings, allocating and filling tables (and collecting them), and when
-//! encoding four API calls per element in each of the two passes (count,
-//! then write).
+//! Lua errors unwind as foreign exceptions on x64, which Rust cannot
+//! catch, and Rust panics must not unwind into LuaJIT; so each half keeps
+//! the two apart. Encoding walks values without allocating in Lua
+//! (encode.rs): nothing raises, and a panic guard may wrap it. Decoding
+//! checks a whole payload into ops in pure Rust (decode.rs), under a panic
+//! guard, and only then pushes them (lua::stack::build): a loop that can
+//! raise (out of memory, a finalizer's error) but cannot panic, and owns
+//! nothing a raise could leak.
 
 mod decode;
 mod encode;
 mod message;
 mod wire;
 
-pub use decode::{decode_borrowing, decode_values, error_text};
-pub use encode::{encode_borrowing, encode_values, Borrow};
-pub use message::type_name;
-pub use wire::{encode_string, Span, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NOT_ENOUGH_MEMORY};
+pub use decode::{decode, error_text, Decoded};
+pub use encode::{encode, Borrow, Source, WALK_SLOTS};
+pub use message::lua_type_name;
+pub use wire::{
+    encode_string, CodecError, Span, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
+    NOT_ENOUGH_MEMORY,
+};
 
 #[cfg(test)]
 mod tests;
+
+use crate::lua::stack;
+use crate::ngx::guard;
+use mlua::ffi::lua_State;
+
+/// The error for a stack that cannot hold the values.
+fn stack_overflow() -> CodecError {
+    CodecError::Value("Lua stack overflow".into())
+}
+
+/// Pushes the values of a payload (`bytes`, borrowing `spans`) onto the
+/// stack of `l`: how many.
+///
+/// # Safety
+/// `l` must be a live state of this thread; the spans' bytes must be
+/// alive. May raise (see the module comment): call it where a Lua error
+/// may unwind.
+pub unsafe fn push_values(
+    l: *mut lua_State,
+    bytes: &[u8],
+    spans: &[Span],
+) -> Result<usize, CodecError> {
+    // SAFETY: forwarded from the caller.
+    let decoded = guard::catch(|| unsafe { decode(bytes, spans) })
+        .map_err(|panic| CodecError::BadPayload(format!("panic: {panic}")))??;
+    // SAFETY: forwarded from the caller; the ops come from the decoder,
+    // whose deepest value needs NEST_SLOTS.
+    if unsafe { stack::build(l, decoded.n, NEST_SLOTS, &decoded.ops) } {
+        Ok(decoded.n)
+    } else {
+        Err(stack_overflow())
+    }
+}
+
+/// Encodes `n` values at `src` on the stack of `l` (see `encode`), after
+/// reserving the stack the walk needs.
+///
+/// # Safety
+/// As `encode`, less the reserved slots; may raise while reserving them
+/// (out of memory): call it where a Lua error may unwind.
+pub unsafe fn write_values(
+    l: *mut lua_State,
+    src: Source,
+    n: usize,
+    what: &str,
+    borrow: Option<Borrow>,
+    out: &mut Vec<u8>,
+    spans: &mut Vec<Span>,
+) -> Result<usize, CodecError> {
+    // SAFETY: forwarded from the caller.
+    if !unsafe { stack::reserve(l, WALK_SLOTS) } {
+        return Err(stack_overflow());
+    }
+    // SAFETY: forwarded from the caller, with the slots reserved; the walk
+    // does not raise, so the guard only ever meets a panic. A walk that
+    // stopped at an error leaves what it pushed: the top is put back.
+    unsafe {
+        let top = mlua::ffi::lua_gettop(l);
+        let res = guard::catch(|| encode(l, src, n, what, borrow, out, spans))
+            .map_err(|panic| CodecError::Value(format!("panic: {panic}")));
+        mlua::ffi::lua_settop(l, top);
+        res?
+    }
+}
+
+/// Stores the strings that `write_values` borrowed from the values at
+/// `src` into the table at `table`, from index `start` (see
+/// encode::store_borrowed): the index after the last.
+///
+/// # Safety
+/// As `encode::store_borrowed`; nothing here raises.
+pub unsafe fn anchor(
+    l: *mut lua_State,
+    src: Source,
+    n: usize,
+    borrow: Borrow,
+    table: std::ffi::c_int,
+    start: std::ffi::c_int,
+) -> std::ffi::c_int {
+    // SAFETY: forwarded from the caller; the walk does not raise.
+    guard::catch(|| unsafe { encode::store_borrowed(l, src, n, borrow, table, start) })
+        .unwrap_or(start)
+}

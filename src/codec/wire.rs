@@ -2,7 +2,7 @@
 //! layout is in the codec's module comment).
 
 use std::cell::Cell;
-use std::ffi::c_int;
+use std::fmt;
 use std::io;
 
 /// Deepest table nesting that can be passed (a top-level table is level 1).
@@ -44,6 +44,10 @@ pub struct Span {
 // (above) for as long as the Span is read, from whichever thread reads it.
 unsafe impl Send for Span {}
 
+// SAFETY: as for Send: the bytes are immutable, so threads may read them
+// at once (the tasks of one push share its spans, worker/work.rs).
+unsafe impl Sync for Span {}
+
 impl Span {
     pub fn of(bytes: &[u8]) -> Span {
         Span {
@@ -60,18 +64,43 @@ impl Span {
     }
 }
 
+/// Why values could not cross.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodecError {
+    /// A buffer could not grow (its size comes from user data), or Lua
+    /// ran out of memory building the values.
+    OutOfMemory,
+    /// A value that cannot cross, or a payload that is not one: the text
+    /// the caller gets (`cannot pass function in argument #2`).
+    Value(String),
+    /// A payload the decoder refuses (a bug or corruption, never a value
+    /// of the caller's): `bad payload: ...`.
+    BadPayload(String),
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            CodecError::OutOfMemory => f.write_str(NOT_ENOUGH_MEMORY),
+            CodecError::Value(msg) => f.write_str(msg),
+            CodecError::BadPayload(msg) => write!(f, "bad payload: {msg}"),
+        }
+    }
+}
+
 const TWO63: f64 = 9_223_372_036_854_775_808.0;
 
 /// Lua stack slots that walking or building MAX_DEPTH nested tables needs
 /// above the outermost one: at most two per level (key and value while
 /// walking a map; table and key while building one) and a leaf.  Reserved
 /// once up front, so that pushes need no check each.
-pub(super) const NEST_SLOTS: c_int = 2 * MAX_DEPTH as c_int + 2;
+pub const NEST_SLOTS: usize = 2 * MAX_DEPTH + 2;
 
 /// Appends to the output and counts the payload's bytes, so that the
 /// `Serialize` impls (which never see the writer) can enforce MAX_PAYLOAD.
 pub(super) struct CountingWriter<'a> {
-    pub(super) out: &'a mut Vec<u8>,
+    /// None: count only (encode::anchor walks again to find strings).
+    pub(super) out: Option<&'a mut Vec<u8>>,
     pub(super) written: &'a Cell<usize>,
     /// Set when the output could not grow: the payload's size comes from
     /// user data, so running out of memory is an error, not an abort.
@@ -85,11 +114,13 @@ impl io::Write for CountingWriter<'_> {
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        if self.out.try_reserve(buf.len()).is_err() {
-            self.oom.set(true);
-            return Err(io::ErrorKind::OutOfMemory.into());
+        if let Some(out) = self.out.as_mut() {
+            if out.try_reserve(buf.len()).is_err() {
+                self.oom.set(true);
+                return Err(io::ErrorKind::OutOfMemory.into());
+            }
+            out.extend_from_slice(buf);
         }
-        self.out.extend_from_slice(buf);
         self.written.set(self.written.get() + buf.len());
         Ok(())
     }

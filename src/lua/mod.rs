@@ -4,6 +4,7 @@
 //! (stack.rs).
 
 mod alloc;
+pub mod call;
 pub mod stack;
 
 pub use alloc::Swapped as Allocator;

@@ -1,62 +1,36 @@
-//! Walking and building Lua values on the raw stack, for the codec: the
-//! encoder walks tables through `Slot`, the decoder builds values through
-//! `Builder`. Both run inside `Lua::exec_raw`, a protected call, so a Lua
-//! error raised here (only out of memory: a pool thread's collector does
-//! not run outside its protected calls, see vm/protect.lua) unwinds to
-//! exec_raw across these frames, which own nothing that needs dropping.
+//! Walking and building Lua values on the raw stack of a state, for the
+//! codec, on the event loop (the caller's coroutine) and in pool threads
+//! alike: the encoder walks values through `Slot`, the decoder's `Op`s are
+//! pushed by `build`.
+//!
+//! Lua errors unwind through these frames (LuaJIT throws them as foreign
+//! exceptions on x64), so what may raise and what may not is part of each
+//! function's contract. The walk never raises: it reads, and pushes only
+//! into slots reserved beforehand (`reserve`, which may raise), without
+//! allocating. `build` allocates and may raise (out of memory, or the
+//! error of a `__gc` finalizer that an allocation's collector step runs);
+//! it owns nothing and panics nowhere, so it needs no guard and leaves
+//! nothing half-owned behind.
 
-use super::NOT_ENOUGH_MEMORY;
 use mlua::ffi::{self, lua_State};
-use mlua::{Lua, MultiValue, Table};
 use std::ffi::{c_int, c_void};
 
-/// Runs `walk` on the table `t` pushed on the raw stack, with `slots`
-/// slots reserved above it (enough for the deepest walk); an error if the
-/// stack cannot grow (a Lua error, out of memory). `ctx` rides along in
-/// every Slot, for the walker's own use.
-pub fn walk_table<C, R>(
-    t: &Table,
-    slots: c_int,
-    ctx: &C,
-    walk: impl FnOnce(Slot<'_, C>) -> R,
-) -> Result<R, String> {
-    let Some(lua) = t.weak_lua().try_upgrade() else {
-        return Err("Lua state is closed".to_string());
-    };
-    let mut res = None;
-    // SAFETY: `l` is only used while exec_raw runs the closure, on this
-    // thread, with the table as the closure's only stack value.  The one call
-    // that can raise (lua_checkstack, out of memory) comes before the
-    // closure has made anything; the walk then only pushes into the reserved
-    // slots (lua_pushnil, lua_next on tables nobody modifies, lua_rawgeti),
-    // reads (lua_type, lua_to*, lua_topointer) and pops, none of which
-    // allocates or raises.
-    let run = unsafe {
-        lua.exec_raw::<()>(t, |l| {
-            res = Some(if ffi::lua_checkstack(l, slots) == 0 {
-                Err("Lua stack overflow".to_string())
-            } else {
-                Ok(walk(Slot {
-                    l,
-                    idx: ffi::lua_gettop(l),
-                    depth: 0,
-                    ctx,
-                }))
-            });
-        })
-    };
-    match res {
-        Some(res) => res,
-        // The closure did not finish: a Lua error (out of memory).
-        None => Err(run.err().map_or_else(String::new, |e| e.to_string())),
-    }
+/// Makes room for `n` more values on the stack of `l`; false when the
+/// stack cannot grow that far.
+///
+/// # Safety
+/// `l` must be a live state of this thread. May raise (out of memory):
+/// call it where a Lua error may unwind.
+pub unsafe fn reserve(l: *mut lua_State, n: usize) -> bool {
+    // SAFETY: forwarded from the caller.
+    c_int::try_from(n).is_ok_and(|n| unsafe { ffi::lua_checkstack(l, n) } != 0)
 }
 
-/// A value on the Lua stack of a running `exec_raw` closure, at absolute
-/// index `idx`.  A walk makes the slots of a table's keys and values once and
-/// reads them after each `next` or push, so a Slot is only read while its
-/// value is there.  The closure reserved enough slots above the top-level
-/// table for the deepest walk (see walk_table).
+/// A value on the Lua stack, at absolute index `idx`. A walk makes the
+/// slots of a table's keys and values once and reads them after each
+/// `next` or push, so a Slot is only read while its value is there. The
+/// walker reserved enough slots above the top for the deepest walk
+/// (`reserve`) before making the first Slot.
 pub struct Slot<'a, C> {
     l: *mut lua_State,
     pub idx: c_int,
@@ -75,6 +49,24 @@ impl<C> Clone for Slot<'_, C> {
 impl<C> Copy for Slot<'_, C> {}
 
 impl<'a, C> Slot<'a, C> {
+    /// The value at absolute index `idx` of `l`'s stack, outside any table.
+    ///
+    /// # Safety
+    /// `l` must be a live state of this thread with a value at `idx`, and
+    /// every push the walk makes must have a reserved slot.
+    pub unsafe fn new(l: *mut lua_State, idx: c_int, ctx: &'a C) -> Slot<'a, C> {
+        Slot {
+            l,
+            idx,
+            depth: 0,
+            ctx,
+        }
+    }
+
+    pub fn state(&self) -> *mut lua_State {
+        self.l
+    }
+
     pub fn lua_type(&self) -> c_int {
         // SAFETY: `l` and `idx` are valid (Slot's invariant).
         unsafe { ffi::lua_type(self.l, self.idx) }
@@ -137,14 +129,26 @@ impl<'a, C> Slot<'a, C> {
     /// Pushes `t[i]` of this table (no metamethods).
     pub fn push_index(&self, i: c_int) {
         // SAFETY: `l`/`idx` are valid and `idx` holds a table; a slot is
-        // reserved (walk_table).  lua_rawgeti does not allocate.
+        // reserved (Slot's invariant).  lua_rawgeti does not allocate.
         unsafe { ffi::lua_rawgeti_(self.l, self.idx, i) }
     }
 
     /// Starts iterating this table: pushes the nil first key for `next`.
     pub fn start_pairs(&self) {
-        // SAFETY: `l` is valid; a slot is reserved (walk_table).
+        // SAFETY: `l` is valid; a slot is reserved (Slot's invariant).
         unsafe { ffi::lua_pushnil(self.l) }
+    }
+
+    /// Stores this value in `t[i]`, `t` a table at absolute index `table`
+    /// with room for `i` in its array part (so nothing is allocated).
+    pub fn store_in(&self, table: c_int, i: c_int) {
+        // SAFETY: `l`/`idx` are valid and a slot is reserved for the copy;
+        // `table` holds a table whose array part has index i (the caller's
+        // word), so lua_rawseti neither allocates nor raises.
+        unsafe {
+            ffi::lua_pushvalue(self.l, self.idx);
+            ffi::lua_rawseti_(self.l, table, i);
+        }
     }
 
     /// Replaces the key on top with the next key and value of this table;
@@ -158,107 +162,58 @@ impl<'a, C> Slot<'a, C> {
     }
 }
 
-/// Builds decoded values on the raw stack of a running `exec_raw` closure
-/// (see `build_values`). Every push has a reserved slot: `slots` above the
-/// value being built, enough for the deepest nesting the decoder allows.
-pub struct Builder {
-    l: *mut lua_State,
-    /// The stack top below the values.
-    base: c_int,
+/// One step of building decoded values: the decoder checks a whole
+/// payload into these before anything is pushed, so a bad payload pushes
+/// nothing, and pushing them is a loop with nothing left to check.
+#[derive(Clone, Copy, Debug)]
+pub enum Op<'a> {
+    /// ngx.null (the NULL light userdata).
+    Null,
+    Bool(bool),
+    Number(f64),
+    Bytes(&'a [u8]),
+    /// A new table with room for this many array and hash items.
+    Table(c_int, c_int),
+    /// Pops the value on top into `t[i]` of the table below it.
+    SetIndex(c_int),
+    /// Pops the key and value on top into the table below them; the
+    /// decoder made sure the key is neither nil nor NaN.
+    SetField,
+    /// Pops the value on top into value slot `i` (1-based) of `build`.
+    Place(c_int),
 }
 
-impl Builder {
-    /// Pushes ngx.null (the NULL light userdata).
-    pub fn push_null(&self) {
-        // SAFETY: a reserved slot (Builder's invariant).
-        unsafe { ffi::lua_pushlightuserdata(self.l, std::ptr::null_mut()) }
-    }
-
-    pub fn push_bool(&self, b: bool) {
-        // SAFETY: a reserved slot.
-        unsafe { ffi::lua_pushboolean(self.l, c_int::from(b)) }
-    }
-
-    pub fn push_number(&self, f: f64) {
-        // SAFETY: a reserved slot.
-        unsafe { ffi::lua_pushnumber(self.l, f) }
-    }
-
-    pub fn push_bytes(&self, b: &[u8]) {
-        // SAFETY: a reserved slot; may raise only out of memory (see the
-        // module comment).  LuaJIT copies the bytes and reads none when the
-        // length is 0 (the pointer is then dangling but non-null).  The raw
-        // lua_pushlstring, as mlua's wrapper also reads the string back.
-        unsafe { ffi::lua_pushlstring_(self.l, b.as_ptr().cast(), b.len()) }
-    }
-
-    /// Pushes a new table with room for `narr` array and `nrec` hash
-    /// items; returns its stack index.
-    pub fn push_table(&self, narr: c_int, nrec: c_int) -> c_int {
-        // SAFETY: a reserved slot; may raise only out of memory or on a huge
-        // size (see the module comment).
-        unsafe {
-            ffi::lua_createtable(self.l, narr, nrec);
-            ffi::lua_gettop(self.l)
+/// Pushes `n` values built by `ops` (nil where no Place fills a slot).
+/// The decoder's ops need at most `slots` stack slots above the values.
+///
+/// # Safety
+/// `l` must be a live state of this thread; `ops` must come from the
+/// decoder (every Set has its table and values below it, every Place is
+/// within 1..=n). Allocates, so it may raise: call it where a Lua error
+/// may unwind (it leaves the stack with extra values then).
+pub unsafe fn build(l: *mut lua_State, n: usize, slots: usize, ops: &[Op]) -> bool {
+    // SAFETY: forwarded from the caller; the pushes below have the slots
+    // reserved here, and each Set and Place finds what it pops (the
+    // decoder's ops). LuaJIT copies the bytes of a string and reads none
+    // when the length is 0 (the pointer is then dangling but non-null).
+    unsafe {
+        if !reserve(l, n + slots) {
+            return false;
+        }
+        let base = ffi::lua_gettop(l);
+        ffi::lua_settop(l, base + n as c_int);
+        for op in ops {
+            match *op {
+                Op::Null => ffi::lua_pushlightuserdata(l, std::ptr::null_mut()),
+                Op::Bool(b) => ffi::lua_pushboolean(l, c_int::from(b)),
+                Op::Number(f) => ffi::lua_pushnumber(l, f),
+                Op::Bytes(b) => ffi::lua_pushlstring_(l, b.as_ptr().cast(), b.len()),
+                Op::Table(narr, nrec) => ffi::lua_createtable(l, narr, nrec),
+                Op::SetIndex(i) => ffi::lua_rawseti_(l, -2, i),
+                Op::SetField => ffi::lua_rawset(l, -3),
+                Op::Place(i) => ffi::lua_replace(l, base + i),
+            }
         }
     }
-
-    /// Pops the value on top into `t[i]` (the table at stack index `t`).
-    pub fn set_index(&self, t: c_int, i: c_int) {
-        // SAFETY: the table is at `t` (from push_table) and the element on
-        // top of it; lua_rawseti may raise only out of memory.
-        unsafe { ffi::lua_rawseti_(self.l, t, i) }
-    }
-
-    /// Pops the key and value on top into the table at stack index `t`.
-    /// The key must be neither nil nor NaN (the decoder checks).
-    pub fn set_field(&self, t: c_int) {
-        // SAFETY: the table is at `t`, key and value on top of it, the key
-        // valid, so lua_rawset may raise only out of memory.
-        unsafe { ffi::lua_rawset(self.l, t) }
-    }
-
-    /// Pops the value on top into value slot `pos` (1-based, at most the
-    /// `n` of build_values).
-    pub fn place(&self, pos: usize) {
-        // SAFETY: the value is on top and its slot below it (pos <= n).
-        unsafe { ffi::lua_replace(self.l, self.base + pos as c_int) }
-    }
-}
-
-/// Runs `build` with `n` nil values on the stack of `lua` (and `slots`
-/// free above them, enough for the deepest value), and returns the values
-/// it leaves there. An error from `build` or a Lua error (out of memory)
-/// returns no value.
-pub fn build_values(
-    lua: &Lua,
-    n: usize,
-    slots: c_int,
-    build: impl FnOnce(&Builder) -> Result<(), String>,
-) -> Result<MultiValue, String> {
-    let mut res = Ok(());
-    // SAFETY: `l` is only used while exec_raw runs the closure, on this
-    // thread; exec_raw is a protected call.  n <= MAX_VALUES, far below
-    // LuaJIT's limit of 8000 slots per frame; lua_checkstack may raise only
-    // out of memory.
-    let values = unsafe {
-        lua.exec_raw::<MultiValue>((), |l| {
-            let base = ffi::lua_gettop(l);
-            if ffi::lua_checkstack(l, n as c_int + slots) == 0 {
-                res = Err("Lua stack overflow".to_string());
-                return;
-            }
-            // One nil per value; decoded values replace theirs.
-            ffi::lua_settop(l, base + n as c_int);
-            res = build(&Builder { l, base });
-            if res.is_err() {
-                ffi::lua_settop(l, base);
-            }
-        })
-    }
-    .map_err(|e| match e {
-        mlua::Error::MemoryError(_) => NOT_ENOUGH_MEMORY.to_string(),
-        other => other.to_string(),
-    })?;
-    res.map(|()| values)
+    true
 }

@@ -8,6 +8,32 @@ use mlua::ffi as lua;
 use std::ffi::{c_char, c_int, CStr};
 use std::ptr::{self, NonNull};
 
+/// Makes `require(package)` in lua-nginx-module's VMs run `open`, through
+/// its public API for modules that extend it: false when it fails (out of
+/// memory). The name must live as long as the process (the lua module
+/// keeps the pointer for the VMs it creates later).
+pub fn add_preload(
+    cf: super::conf::Conf,
+    package: &'static CStr,
+    open: lua::lua_CFunction,
+) -> bool {
+    // SAFETY: cf is the configuration being parsed, at the end of its http
+    // block (postconfiguration: the lua module's main conf exists); the
+    // name is static.
+    let rc = unsafe { (lua_module().add_package_preload)(cf.raw(), package.as_ptr(), open) };
+    rc == sys::NGX_OK as sys::ngx_int_t
+}
+
+/// The request of the coroutine `l` runs for (null outside a request).
+///
+/// # Safety
+/// `l` must be a coroutine of lua-nginx-module's VM, running now on the
+/// event loop.
+pub unsafe fn request_of(l: *mut lua::lua_State) -> *mut sys::ngx_http_request_t {
+    // SAFETY: forwarded from the caller.
+    unsafe { (lua_module().get_request)(l) }
+}
+
 /// lua-nginx-module's contexts (NGX_HTTP_LUA_CONTEXT_*) whose coroutines
 /// may wait here: rewrite, access, content and timer.
 const YIELDABLE: c_int = 0x0002 | 0x0004 | 0x0008 | 0x0080;

@@ -36,6 +36,13 @@ pub struct LuaModule {
         errlen: *mut usize,
     ) -> c_int,
     pub sema_gc: unsafe extern "C" fn(sem: *mut RawSema),
+    /// The public API for modules that extend ngx_lua (api/ngx_http_lua_api.h).
+    pub get_request: unsafe extern "C" fn(l: *mut lua_State) -> *mut sys::ngx_http_request_t,
+    pub add_package_preload: unsafe extern "C" fn(
+        cf: *mut sys::ngx_conf_t,
+        package: *const c_char,
+        func: mlua::ffi::lua_CFunction,
+    ) -> sys::ngx_int_t,
     pub get_phase:
         unsafe extern "C" fn(r: *mut sys::ngx_http_request_t, err: *mut *const c_char) -> c_int,
     pub inject_core_consts: Inject,
@@ -147,6 +154,8 @@ fn resolve(module: *const sys::ngx_module_t) -> Result<LuaModule, String> {
             sema_post: f(c"ngx_http_lua_ffi_sema_post")?,
             sema_wait: f(c"ngx_http_lua_ffi_sema_wait")?,
             sema_gc: f(c"ngx_http_lua_ffi_sema_gc")?,
+            get_request: f(c"ngx_http_lua_get_request")?,
+            add_package_preload: f(c"ngx_http_lua_add_package_preload")?,
             get_phase: f(c"ngx_http_lua_ffi_get_phase")?,
             inject_core_consts: f(c"ngx_http_lua_inject_core_consts")?,
             inject_http_consts: f(c"ngx_http_lua_inject_http_consts")?,

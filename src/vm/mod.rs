@@ -1,19 +1,35 @@
 //! A pool thread's Lua state: built once when the thread starts, then fed
 //! one task at a time.
+//!
+//! The state is built in two steps. First, with its collector stopped, the
+//! module's own code sets it up through mlua (libraries, package paths,
+//! the `ngx` table, finalizers that never raise: finalizers.lua): no user
+//! code has run, so no finalizer exists. Then the
+//! collector starts for good, and from there on every call into the state
+//! is one protected call of a C function (lua/call.rs, task.rs): the init
+//! chunk, the handler, each task, letting go of pinned strings, a full
+//! collection. A finalizer may run anywhere, as on the event loop, and its
+//! error stops at that call's boundary.
 
 pub mod chunk;
 mod ngx_api;
 mod ngx_re;
+mod task;
 
 pub use ngx_api::NgxEnv;
+pub use task::Outcome;
 
-use crate::codec;
+use crate::codec::{self, Span};
+use crate::lua::call::{CFunction, Status};
 use crate::ngx::log::Log;
 use chunk::{error_text, Chunk, Style};
-use mlua::{Function, Lua, LuaString, MultiValue, Value};
+use mlua::ffi::{self, lua_State};
+use mlua::Lua;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::HashSet;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
+use task::{Refs, Setup, Task, Unpin};
 
 /// What a thread needs to build its state; cloned into every thread.
 #[derive(Clone)]
@@ -31,19 +47,24 @@ pub struct Spec {
     pub zero_copy: Option<usize>,
 }
 
+/// The C functions a state's protected calls run.
+struct Calls {
+    run: CFunction,
+    unpin: CFunction,
+    collect: CFunction,
+}
+
 pub struct ThreadVm {
-    /// Result strings the event loop reads in place, by pin key, until it
-    /// lets go of them (dropped before the state is closed).
-    pins: RefCell<HashMap<PinKey, Vec<LuaString>>>,
+    /// Result strings the event loop reads in place: the keys of pins[] in
+    /// the state (let go of before the state is closed).
+    pinned: RefCell<HashSet<PinKey>>,
     zero_copy: Option<usize>,
-    lua: Lua,
-    /// The handler under protect.lua: returns ok, values... or false, err.
-    call: Function,
-    /// collectgarbage() under protect.lua.
-    collect: Function,
+    /// The state's main thread; only this pool thread uses it.
+    l: *mut lua_State,
+    refs: Refs,
+    calls: Calls,
     allocator: crate::lua::Allocator,
-    pool: String,
-    log: Option<Log>,
+    lua: Lua,
 }
 
 impl Drop for ThreadVm {
@@ -53,86 +74,27 @@ impl Drop for ThreadVm {
 }
 
 /// Names the result strings of one task that a state keeps alive; unique
-/// in the process, so a key finds its state after a rebuild too.
+/// in the process, so a key finds its state after a rebuild too. Below
+/// 2^53: it is a Lua number in the state.
 pub type PinKey = u64;
 
 static NEXT_PIN: AtomicU64 = AtomicU64::new(1);
-
-/// How a task went, for the thread that ran it.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The payload holds the results.
-    Done,
-    /// The payload holds the error value for the caller.
-    Failed,
-    /// As Failed, and the state should not serve another task: it ran out
-    /// of memory (its handler may keep what filled it), or Lua failed
-    /// outside the handler. The thread rebuilds it.
-    Broken(String),
-}
 
 impl ThreadVm {
     /// Builds the state: standard libraries (with ffi and jit), package
     /// paths, the `ngx` table, the init chunk, then the handler.
     pub fn new(spec: &Spec) -> Result<ThreadVm, String> {
         let (lua, allocator) = crate::lua::new_thread_state().map_err(|e| error_text(&e))?;
-        let setup = || -> Result<(Function, Function), String> {
-            let package: mlua::Table = lua.globals().get("package").map_err(|e| error_text(&e))?;
-            for (key, value) in [("path", &spec.package_path), ("cpath", &spec.package_cpath)] {
-                if let Some(v) = value {
-                    let s = lua.create_string(v).map_err(|e| error_text(&e))?;
-                    package.set(key, s).map_err(|e| error_text(&e))?;
-                }
-            }
-            ngx_api::install(&lua, &spec.pool, spec.log, &spec.ngx).map_err(|e| error_text(&e))?;
-            let protect: Function = lua
-                .load(include_str!("protect.lua"))
-                .set_name("=ngx_threadpool.protect")
-                .call(())
-                .map_err(|e| error_text(&e))?;
-            let run_protected = |f: Function| -> Result<MultiValue, String> {
-                let wrapped: Function = protect.call(f).map_err(|e| error_text(&e))?;
-                let mut out = wrapped.call::<MultiValue>(()).map_err(|e| error_text(&e))?;
-                match out.pop_front() {
-                    Some(Value::Boolean(true)) => Ok(out),
-                    _ => Err(error_value_text(out.pop_front().unwrap_or(Value::Nil))),
-                }
-            };
-            if let Some(init) = &spec.init {
-                run_protected(init.load(&lua)?).map_err(|e| format!("init: {e}"))?;
-            }
-            let process = spec.process.load(&lua)?;
-            let handler = match spec.style {
-                Style::PerTask => process,
-                Style::Factory => match run_protected(process)?.pop_front().unwrap_or(Value::Nil) {
-                    Value::Function(f) => f,
-                    other => {
-                        return Err(format!(
-                        "process chunk {} does not use ... and returned {} instead of a function",
-                        spec.process.name.trim_start_matches(['=', '@']),
-                        codec::type_name(&other)
-                    ))
-                    }
-                },
-            };
-            let collect = lua
-                .globals()
-                .get::<Function>("collectgarbage")
-                .and_then(|f| protect.call(f))
-                .map_err(|e| error_text(&e))?;
-            let call = protect.call(handler).map_err(|e| error_text(&e))?;
-            Ok((call, collect))
-        };
-        match setup() {
-            Ok((call, collect)) => Ok(ThreadVm {
-                pins: RefCell::default(),
+        let built = build(&lua, spec);
+        match built {
+            Ok((l, refs, calls)) => Ok(ThreadVm {
+                pinned: RefCell::default(),
                 zero_copy: spec.zero_copy,
-                lua,
-                call,
-                collect,
+                l,
+                refs,
+                calls,
                 allocator,
-                pool: spec.pool.clone(),
-                log: spec.log,
+                lua,
             }),
             Err(e) => {
                 crate::lua::restore_allocator(&lua, &allocator);
@@ -141,151 +103,172 @@ impl ThreadVm {
         }
     }
 
-    /// Runs one task: `payload` and `spans` hold the encoded arguments on
-    /// entry and the encoded results (or the error value) on return. With
-    /// borrowed results, the key under which their strings stay pinned
-    /// until `unpin`.
+    /// Runs one task with the encoded arguments `args` (borrowing
+    /// `spans`): its results, or its error value, go to `out` and
+    /// `out_spans`. With borrowed results, the key under which their
+    /// strings stay pinned until `unpin`.
     ///
     /// # Safety
     /// The bytes of `spans` must be alive until this returns (the shim
     /// anchors them until the completion).
-    pub unsafe fn run(&self, payload: &mut Vec<u8>, spans: &mut Vec<codec::Span>) -> Ran {
-        // SAFETY: forwarded from the caller.
-        let args = unsafe { codec::decode_borrowing(&self.lua, payload, spans) };
-        spans.clear();
-        let args = match args {
-            Ok(args) => args,
-            Err(e) => return Ran::from(fail_with(payload, e)),
-        };
-        let mut out = match self.call.call::<MultiValue>(args) {
-            Ok(out) => out,
-            // Only protect.lua's own code runs outside the handler's pcall.
-            Err(e) => {
-                let msg = error_text(&e);
-                fail(payload, &msg);
-                return Ran::from(Outcome::Broken(msg));
-            }
-        };
-        let ok = matches!(out.pop_front(), Some(Value::Boolean(true)));
-        payload.clear();
-        if ok {
-            return self.results(&out, payload, spans);
-        }
-        // error(x): pass x itself when it can cross (a string, a table),
-        // else its tostring; error() and error(nil) still give the caller
-        // a message to log.
-        let err = out.pop_front().unwrap_or(Value::Nil);
-        if err.is_nil() {
-            fail(payload, "error raised with a nil value");
-            return Ran::from(Outcome::Failed);
-        }
-        if let Value::String(s) = &err {
-            if s.as_bytes().as_ref() == codec::NOT_ENOUGH_MEMORY.as_bytes() {
-                fail(payload, codec::NOT_ENOUGH_MEMORY);
-                return Ran::from(Outcome::Broken(codec::NOT_ENOUGH_MEMORY.into()));
-            }
-        }
-        let err = MultiValue::from_iter([err]);
-        if codec::encode_values(&err, payload, "error value").is_err() {
-            fail(payload, &error_value_text(err[0].clone()));
-        }
-        Ran::from(Outcome::Failed)
-    }
-
-    /// Encodes the handler's return values, borrowing the large strings.
-    fn results(
+    pub unsafe fn run(
         &self,
-        out: &MultiValue,
-        payload: &mut Vec<u8>,
-        spans: &mut Vec<codec::Span>,
+        args: &[u8],
+        spans: &[Span],
+        out: &mut Vec<u8>,
+        out_spans: &mut Vec<Span>,
     ) -> Ran {
-        let mut strings = Vec::new();
-        let borrow = self.zero_copy.map(|min| codec::Borrow {
-            min,
+        let key = NEXT_PIN.fetch_add(1, Ordering::Relaxed);
+        let mut t = Task {
+            refs: self.refs,
+            args,
             spans,
-            strings: &mut strings,
-        });
-        if let Err(e) = codec::encode_borrowing(out, payload, "return value", borrow) {
-            return Ran::from(fail_with(payload, e));
+            borrow: self.zero_copy,
+            pin: key as f64,
+            out,
+            out_spans,
+            outcome: Outcome::Done,
+            pinned: false,
+            drained: (0, None),
+        };
+        // SAFETY: l is this thread's state; t is what task::run expects
+        // and outlives the call; the spans are alive (our contract).
+        let status = unsafe { self.calls.run.call(self.l, (&raw mut t).cast::<c_void>()) };
+        let fail = |t: &mut Task, outcome, msg: &str| {
+            t.out.clear();
+            t.out_spans.clear();
+            codec::encode_string(msg.as_bytes(), t.out);
+            t.outcome = outcome;
+        };
+        match status {
+            Status::Ok => {}
+            // Raised outside the handler: building its arguments or
+            // pinning its results ran out of memory, or ran a finalizer
+            // that failed.
+            Status::OutOfMemory => fail(&mut t, Outcome::OutOfMemory, codec::NOT_ENOUGH_MEMORY),
+            Status::Error(msg) => fail(&mut t, Outcome::Failed, &msg),
         }
-        let pin = (!strings.is_empty()).then(|| {
-            let key = NEXT_PIN.fetch_add(1, Ordering::Relaxed);
-            self.pins.borrow_mut().insert(key, strings);
+        let pin = (t.pinned && t.outcome == Outcome::Done).then(|| {
+            self.pinned.borrow_mut().insert(key);
             key
         });
         Ran {
-            outcome: Outcome::Done,
+            outcome: t.outcome,
             pin,
+            drained: t.drained,
         }
     }
 
     /// Lets go of the result strings pinned under `key`; false if this
     /// state holds none under it.
     pub fn unpin(&self, key: PinKey) -> bool {
-        self.pins.borrow_mut().remove(&key).is_some()
+        if !self.pinned.borrow_mut().remove(&key) {
+            return false;
+        }
+        let keys = [key as f64];
+        let mut u = Unpin {
+            pins: self.refs.pins,
+            keys: &keys,
+        };
+        // SAFETY: l is this thread's state and u what task::unpin expects.
+        // Out of memory cannot happen (nothing allocates); were it to fail,
+        // the strings would only stay until the state is closed.
+        let _ = unsafe { self.calls.unpin.call(self.l, (&raw mut u).cast::<c_void>()) };
+        true
     }
 
     /// Whether some result strings of this state are still read in place.
     pub fn has_pins(&self) -> bool {
-        !self.pins.borrow().is_empty()
+        !self.pinned.borrow().is_empty()
     }
-}
 
-/// What running a task gave: how it went, and the key of its borrowed
-/// result strings.
-pub struct Ran {
-    pub outcome: Outcome,
-    pub pin: Option<PinKey>,
-}
-
-impl From<Outcome> for Ran {
-    fn from(outcome: Outcome) -> Ran {
-        Ran { outcome, pin: None }
-    }
-}
-
-impl ThreadVm {
-    /// A full collection, when the thread goes idle after large payloads.
-    /// Protected like any Lua code of the thread: a finalizer's error is
-    /// logged, not raised.
-    pub fn collect_garbage(&self) {
-        if let Ok(mut out) = self.collect.call::<MultiValue>(()) {
-            if !matches!(out.pop_front(), Some(Value::Boolean(true))) {
-                let err = error_value_text(out.pop_front().unwrap_or(Value::Nil));
-                let args =
-                    format_args!("thread pool \"{}\": error between tasks: {err}", self.pool);
-                match self.log {
-                    Some(log) => log.message(crate::ngx::log::NGX_LOG_WARN, args),
-                    None => eprintln!("{}{args}", crate::ngx::log::PREFIX),
-                }
-            }
+    /// A full collection, when the thread goes idle after large payloads:
+    /// the error of a finalizer it runs, if any.
+    pub fn collect_garbage(&self) -> Result<(), String> {
+        // SAFETY: l is this thread's state; collect takes no context.
+        match unsafe { self.calls.collect.call(self.l, std::ptr::null_mut()) } {
+            Status::Ok => Ok(()),
+            Status::OutOfMemory => Err(codec::NOT_ENOUGH_MEMORY.into()),
+            Status::Error(msg) => Err(msg),
         }
     }
 }
 
-/// An error value as text: its tostring, or its type when that fails (a
-/// `__tostring` that raises) or is empty.
-fn error_value_text(v: Value) -> String {
-    match v.to_string() {
-        Ok(s) if !s.is_empty() => s,
-        _ => format!("error object is a {}", codec::type_name(&v)),
+/// Sets the state up (see the module comment): its main thread, the
+/// handler's references and the C functions of its protected calls.
+fn build(lua: &Lua, spec: &Spec) -> Result<(*mut lua_State, Refs, Calls), String> {
+    let package: mlua::Table = lua.globals().get("package").map_err(|e| error_text(&e))?;
+    for (key, value) in [("path", &spec.package_path), ("cpath", &spec.package_cpath)] {
+        if let Some(v) = value {
+            let s = lua.create_string(v).map_err(|e| error_text(&e))?;
+            package.set(key, s).map_err(|e| error_text(&e))?;
+        }
+    }
+    ngx_api::install(lua, &spec.pool, spec.log, &spec.ngx).map_err(|e| error_text(&e))?;
+    let ngx: mlua::Table = lua.globals().get("ngx").map_err(|e| error_text(&e))?;
+    let log: mlua::Function = ngx.get("log").map_err(|e| error_text(&e))?;
+    let warn: mlua::Value = ngx.get("WARN").map_err(|e| error_text(&e))?;
+    lua.load(include_str!("finalizers.lua"))
+        .set_name("=ngx_threadpool.finalizers")
+        .call::<()>((log, warn))
+        .map_err(|e| error_text(&e))?;
+    let mut l = std::ptr::null_mut();
+    // SAFETY: exec_raw hands over the state's main thread, which this
+    // pool thread alone uses.
+    unsafe { lua.exec_raw::<()>((), |state| l = state) }.map_err(|e| error_text(&e))?;
+    // SAFETY: l is the state, its collector still stopped (new_thread_state)
+    // while the functions are made; then it runs for good, and every later
+    // call into the state is a protected CFunction::call.
+    let (setup, calls) = unsafe {
+        let setup = CFunction::new(l, task::setup);
+        let calls = Calls {
+            run: CFunction::new(l, task::run),
+            unpin: CFunction::new(l, task::unpin),
+            collect: CFunction::new(l, task::collect),
+        };
+        ffi::lua_gc(l, ffi::LUA_GCRESTART, 0);
+        (setup, calls)
+    };
+    let mut s = Setup {
+        init: spec.init.as_ref(),
+        process: &spec.process,
+        style: spec.style,
+        refs: Refs::default(),
+        error: None,
+    };
+    // SAFETY: as above; s is what task::setup expects.
+    match unsafe { setup.call(l, (&raw mut s).cast::<c_void>()) } {
+        Status::Ok => {}
+        Status::OutOfMemory => return Err(codec::NOT_ENOUGH_MEMORY.into()),
+        Status::Error(msg) => return Err(msg),
+    }
+    match s.error {
+        Some(e) => Err(e),
+        None => Ok((l, s.refs, calls)),
     }
 }
 
-/// The task failed with `msg`; out of memory means the state is spent.
-fn fail_with(payload: &mut Vec<u8>, msg: String) -> Outcome {
-    fail(payload, &msg);
-    if msg == codec::NOT_ENOUGH_MEMORY {
-        Outcome::Broken(msg)
-    } else {
-        Outcome::Failed
+/// What running a task gave: how it went, the key of its borrowed result
+/// strings, and the finalizers that failed after it (how many, the first
+/// one's error).
+pub struct Ran {
+    pub outcome: Outcome,
+    pub pin: Option<PinKey>,
+    pub drained: (u32, Option<String>),
+}
+
+impl From<Outcome> for Ran {
+    fn from(outcome: Outcome) -> Ran {
+        Ran {
+            outcome,
+            pin: None,
+            drained: (0, None),
+        }
     }
 }
 
-/// Replaces `payload` with a single string error value; returns true
-/// (failed) for the caller's convenience.
-pub fn fail(payload: &mut Vec<u8>, msg: &str) -> bool {
+/// Replaces `payload` with a single string error value.
+pub fn fail(payload: &mut Vec<u8>, msg: &str) {
     payload.clear();
     codec::encode_string(msg.as_bytes(), payload);
-    true
 }

@@ -198,16 +198,16 @@ pub fn stop() {
     }
 }
 
-pub fn task_started() {
+pub fn tasks_started(n: usize) {
     with_gate(|g| {
-        g.tasks += 1;
+        g.tasks += n;
         accept::defer();
     })
 }
 
-pub fn task_finished() {
+pub fn tasks_finished(n: usize) {
     with_gate(|g| {
-        g.tasks = g.tasks.saturating_sub(1);
+        g.tasks = g.tasks.saturating_sub(n);
         accept::defer();
     })
 }

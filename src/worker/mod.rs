@@ -13,30 +13,32 @@ pub mod stats;
 pub mod tasks;
 mod threads;
 mod watchdog;
+pub mod work;
 
 pub use error::WorkerError;
 use stats::PoolStats;
 
-use crate::codec::Span;
 use crate::ngx::log;
 use crate::ngx::os::Scheduling;
 use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use payload::Payload;
+use payload::Args;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tasks::{Release, RequestTasks, TaskId, Tasks, POSTED};
-use threads::{thread_main, Completion, Job, Remaining, THREAD_STACK_SIZE};
+use threads::{thread_main, THREAD_STACK_SIZE};
+use work::{Job, Work};
 
 struct Pool {
     name: String,
-    /// The bound on queued jobs. Checked before each send rather than given
-    /// to `bounded()`, which would preallocate and touch every slot: 2.5 MiB
-    /// per pool and worker for nginx's default max_queue of 65536. Only the
-    /// event loop sends, so the check is exact.
+    /// The bound on queued tasks, counted by `stats.queued` rather than
+    /// given to `bounded()`, which would preallocate and touch every slot
+    /// (2.5 MiB per pool and worker for nginx's default max_queue of
+    /// 65536) and count a batch as one. Only the event loop adds to the
+    /// count, so the bound holds.
     max_queue: usize,
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
@@ -46,12 +48,10 @@ struct Pool {
 /// The worker's state; lives on the event-loop thread only.
 pub struct Worker {
     pools: Vec<Pool>,
-    completions: Receiver<Completion>,
+    completions: Receiver<Job>,
     pub tasks: Tasks,
-    /// The payload of the last result handed to the shim: it stays here
-    /// (and the strings it borrows stay pinned) until the next result, so
-    /// the shim decodes it in place.
-    pub last_result: Payload,
+    /// The last anchor key handed out (see `anchor_key`).
+    anchors: u64,
     /// Set at exit: threads drop queued jobs instead of running them.
     stopping: Arc<AtomicBool>,
     /// The watchdog of slow tasks: closing the sender stops it.
@@ -175,7 +175,7 @@ impl Worker {
             pools,
             completions: done_rx,
             tasks,
-            last_result: Payload::default(),
+            anchors: 0,
             stopping,
             watchdog,
         };
@@ -183,133 +183,70 @@ impl Worker {
         Ok(())
     }
 
-    /// Queues a task for pool `pool` with the encoded arguments `args`.
+    /// A new key under which a caller anchors the strings its arguments
+    /// borrow (never 0, exact as a Lua number).
+    pub fn anchor_key(&mut self) -> u64 {
+        self.anchors += 1;
+        self.anchors
+    }
+
+    /// Queues the tasks of `args`, one per part, for pool `pool`, all or
+    /// none: QueueFull if they do not all fit. With an owner, the caller
+    /// waits for them on the record whose id this returns (its semaphore
+    /// is posted once all are done); without, they are posted tasks whose
+    /// results nobody takes.
     ///
     /// # Safety
     /// `owner` must be the pushing request's task list (see Tasks::start);
     /// the caller keeps the bytes of the arguments' spans alive until the
-    /// task is reaped or its result taken.
+    /// anchor is reaped or the result taken (posted tasks borrow nothing).
     pub unsafe fn push(
-        &mut self,
-        pool: usize,
-        owner: *mut RequestTasks,
-        args: Args,
-    ) -> Result<TaskId, WorkerError> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.enqueue(pool, Some(owner), args, None) }
-    }
-
-    /// Queues one task per payload for pool `pool`, all or none: QueueFull
-    /// if they do not all fit. The first task's semaphore is posted once
-    /// every one of them is done.
-    ///
-    /// # Safety
-    /// As push.
-    pub unsafe fn push_batch<'a>(
-        &mut self,
-        pool: usize,
-        owner: *mut RequestTasks,
-        payloads: impl ExactSizeIterator<Item = Args<'a>>,
-    ) -> Result<Vec<TaskId>, WorkerError> {
-        let p = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
-        let queued = p.jobs.as_ref().ok_or(WorkerError::Stopped)?.len();
-        if queued + payloads.len() > p.max_queue {
-            p.stats
-                .rejected
-                .fetch_add(payloads.len() as u64, Ordering::Relaxed);
-            return Err(WorkerError::QueueFull);
-        }
-        let mut ids = Vec::with_capacity(payloads.len());
-        let left: Remaining = Arc::new(AtomicUsize::new(payloads.len()));
-        for args in payloads {
-            // SAFETY: forwarded from the caller.
-            match unsafe { self.enqueue(pool, Some(owner), args, Some(left.clone())) } {
-                Ok(id) => ids.push(id),
-                Err(e) => {
-                    for id in ids {
-                        self.tasks.release(id, Release::NotWaiting);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        self.tasks.group(&ids);
-        Ok(ids)
-    }
-
-    /// Queues a task whose result nobody takes (post_task): its arguments
-    /// borrow nothing, as nobody would hear when they are free.
-    pub fn post(&mut self, pool: usize, args: &[u8]) -> Result<(), WorkerError> {
-        let args = Args {
-            bytes: args,
-            spans: &[],
-        };
-        // SAFETY: a posted task has no record, hence no owner, and no spans.
-        unsafe { self.enqueue(pool, None, args, None) }.map(|_| ())
-    }
-
-    /// # Safety
-    /// As push for `Some(owner)`.
-    unsafe fn enqueue(
         &mut self,
         pool: usize,
         owner: Option<*mut RequestTasks>,
         args: Args,
-        batch: Option<Remaining>,
+        anchor: u64,
     ) -> Result<TaskId, WorkerError> {
         let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
-        if jobs.len() >= pool.max_queue {
-            PoolStats::add(&pool.stats.rejected);
+        let n = args.len() as u64;
+        if pool.stats.queued.load(Ordering::Relaxed) + n > pool.max_queue as u64 {
+            pool.stats.rejected.fetch_add(n, Ordering::Relaxed);
             return Err(WorkerError::QueueFull);
         }
-        let mut bytes = self.tasks.buffer();
-        // The size comes from the caller's values: fail, do not abort.
-        if bytes.try_reserve(args.bytes.len()).is_err() {
-            return Err(WorkerError::NoMemory);
-        }
-        bytes.extend_from_slice(args.bytes);
-        let borrowed = !args.spans.is_empty();
+        let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
         let task = match owner {
             // SAFETY: forwarded from the caller.
-            Some(owner) => unsafe { self.tasks.start(owner, index, borrowed) }?,
+            Some(owner) => unsafe { self.tasks.start(owner, index, anchor) }?,
             None => POSTED,
         };
-        let payload = Payload {
-            bytes,
-            spans: args.spans.to_vec(),
-            pinned: None,
-        };
-        PoolStats::add(&pool.stats.queued);
-        let job = Job {
-            task,
-            payload,
-            queued_at: Instant::now(),
-            batch,
-        };
-        if let Err(e) = jobs.send(job) {
-            PoolStats::sub(&pool.stats.queued);
-            if task != POSTED {
-                // Every thread is gone: abandon, then complete, which frees
-                // the record at once.
-                self.tasks.release(task, Release::NotWaiting);
-                if let Some(buf) = self.tasks.complete(task, e.into_inner().payload, true) {
-                    self.tasks.recycle(buf);
-                }
-            }
-            return Err(WorkerError::Stopped);
+        let work = Work::new(task, args);
+        if task != POSTED {
+            self.tasks.set_work(task, work.clone());
         }
-        PoolStats::add(&pool.stats.pushed);
+        pool.stats.queued.fetch_add(n, Ordering::Relaxed);
+        // As many threads as there are tasks share them (work.rs).
+        for _ in 0..pool.threads.len().min(work.len()) {
+            if jobs.send(work.clone()).is_err() {
+                pool.stats.queued.fetch_sub(n, Ordering::Relaxed);
+                if task != POSTED {
+                    // Every thread is gone: abandon, then complete, which
+                    // frees the record at once.
+                    self.tasks.release(task, Release::NotWaiting);
+                    self.tasks.complete(work);
+                }
+                return Err(WorkerError::Stopped);
+            }
+        }
+        pool.stats.pushed.fetch_add(n, Ordering::Relaxed);
         if task != POSTED {
             // a posted task sends no completion to count it out
-            gate::task_started();
+            gate::tasks_started(n as usize);
         }
         log::debug(format_args!(
-            "task {task:#x} queued for thread pool \"{}\", {} bytes, borrowed {}",
+            "task {task:#x} queued for thread pool \"{}\": {n} tasks, {bytes} bytes, borrowed {borrowed}",
             pool.name,
-            args.bytes.len(),
-            args.spans.len()
         ));
         Ok(task)
     }
@@ -323,21 +260,12 @@ impl Worker {
 
     /// Takes every completion posted so far (called on wake-up).
     pub fn drain(&mut self) {
-        while let Ok(c) = self.completions.try_recv() {
-            gate::task_finished();
-            if let Some(buf) = self.tasks.complete(c.task, c.payload, c.failed) {
-                self.tasks.recycle(buf);
-            }
+        while let Ok(work) = self.completions.try_recv() {
+            gate::tasks_finished(work.len());
+            // results nobody wants are dropped (and their pins let go of)
+            drop(self.tasks.complete(work));
         }
     }
-}
-
-/// A task's encoded arguments as the shim hands them over: the payload
-/// and the strings it borrows.
-#[derive(Clone, Copy)]
-pub struct Args<'a> {
-    pub bytes: &'a [u8],
-    pub spans: &'a [Span],
 }
 
 /// Takes every completion posted so far (the event loop's wake-up).

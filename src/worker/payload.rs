@@ -1,16 +1,55 @@
-//! A task's encoded values on their way between the event loop and a pool
-//! thread, with the large strings they borrow instead of holding
-//! (codec::Span) and, for results, what keeps those alive.
+//! Encoded values on their way between the event loop and a pool thread,
+//! with the large strings they borrow instead of holding (codec::Span)
+//! and, for results, what keeps those alive.
 
 use crate::codec::Span;
 use crate::vm::PinKey;
 use crossbeam_channel::Sender;
 
+/// The arguments of the tasks of one push: one part of `bytes` per task,
+/// in order; the parts share `spans` (a borrowed string's index counts
+/// from the push's first). Whoever pushed keeps the spans' bytes alive
+/// until the tasks are done.
+#[derive(Default)]
+pub struct Args {
+    pub bytes: Vec<u8>,
+    pub spans: Vec<Span>,
+    /// Where each task's part ends in `bytes`.
+    pub ends: Vec<usize>,
+}
+
+impl Args {
+    /// The number of tasks.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Marks the end of a task's part: what was appended since the last.
+    pub fn end_part(&mut self) {
+        self.ends.push(self.bytes.len());
+    }
+
+    /// The encoded arguments of task `i`.
+    pub fn part(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.bytes[start..self.ends[i]]
+    }
+
+    /// Bytes of the borrowed strings, per task: they count as handled
+    /// like copied ones.
+    pub fn borrowed_per_task(&self) -> usize {
+        self.spans.iter().map(|s| s.len).sum::<usize>() / self.len().max(1)
+    }
+}
+
+/// One task's results, or its error value.
 #[derive(Default)]
 pub struct Payload {
     pub bytes: Vec<u8>,
     pub spans: Vec<Span>,
-    /// Results only: the pool thread's pin on the borrowed strings.
+    /// The handler failed: `bytes` holds its error value.
+    pub failed: bool,
+    /// The pool thread's pin on the borrowed strings.
     pub pinned: Option<Pinned>,
 }
 

@@ -60,6 +60,9 @@ pub struct PoolStats {
     pub timed_out: AtomicU64,
     /// Tasks whose request went away before they finished.
     pub abandoned: AtomicU64,
+    /// Tasks not run: their caller gave up (timed out, went away) before
+    /// a thread took them.
+    pub cancelled: AtomicU64,
     /// From push to a thread taking the task.
     pub wait: Histogram,
     /// The handler's run.
@@ -67,7 +70,7 @@ pub struct PoolStats {
 }
 
 /// Names of PoolStats' counters, in `write`'s order.
-pub const COUNTER_NAMES: [&str; 9] = [
+pub const COUNTER_NAMES: [&str; 10] = [
     "threads",
     "busy",
     "queued",
@@ -77,10 +80,11 @@ pub const COUNTER_NAMES: [&str; 9] = [
     "rejected",
     "timed_out",
     "abandoned",
+    "cancelled",
 ];
 
 /// How many numbers `PoolStats::write` produces.
-pub const STATS_LEN: usize = 9 + 2 * (BUCKETS + 1);
+pub const STATS_LEN: usize = COUNTER_NAMES.len() + 2 * (BUCKETS + 1);
 
 impl PoolStats {
     /// Every number back to 0 (a worker that starts in a slot of the
@@ -93,7 +97,7 @@ impl PoolStats {
             &self.rejected,
             &self.timed_out,
         ]);
-        all.push(&self.abandoned);
+        all.extend([&self.abandoned, &self.cancelled]);
         for h in [&self.wait, &self.run] {
             all.extend(h.buckets.iter());
             all.push(&h.sum_us);
@@ -112,8 +116,8 @@ impl PoolStats {
     }
 
     /// The numbers in the order the shim reads them: threads, busy, queued,
-    /// pushed, completed, errors, rejected, timed_out, abandoned, then the
-    /// wait and run histograms (bucket counts, then the sum in µs).
+    /// pushed, completed, errors, rejected, timed_out, abandoned, cancelled,
+    /// then the wait and run histograms (bucket counts, then the sum in µs).
     pub fn write(&self, out: &mut Vec<u64>) {
         for c in [
             &self.threads,
@@ -125,6 +129,7 @@ impl PoolStats {
             &self.rejected,
             &self.timed_out,
             &self.abandoned,
+            &self.cancelled,
         ] {
             out.push(c.load(Relaxed));
         }

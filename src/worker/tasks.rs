@@ -8,6 +8,7 @@
 
 use super::payload::Payload;
 use super::stats::PoolStats;
+use super::work::Job;
 use super::{with_worker, WorkerError};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
@@ -49,21 +50,17 @@ struct Slot {
     /// Posted and not yet consumed by a successful wait: such a semaphore
     /// still holds a resource and cannot be reused.
     sema_posted: bool,
-    result: Payload,
-    failed: bool,
-    /// The arguments borrow strings of the caller, which the shim keeps
-    /// alive until it takes the result or hears the task is reaped.
-    borrowed: bool,
+    /// The push's tasks: shared with the pool threads while Running (to
+    /// cancel them), their results once Done.
+    work: Option<Job>,
+    /// The key under which the caller's strings that the arguments borrow
+    /// are anchored (0: none); they stay until the caller takes the result
+    /// or hears the key reaped.
+    anchor: u64,
     /// The pool the task was pushed to (an index in Tasks::stats).
     pool: u32,
     /// The request's task list this record is on (NONE when on none).
     owner: *mut RequestTasks,
-    /// In a batch (push_tasks): the record whose semaphore the caller
-    /// waits on, posted when the last task of the batch is done (NONE for
-    /// a single task, or once the record was let go of).
-    leader: u32,
-    /// On a batch's leader: its tasks not done yet.
-    waiting: u32,
     prev: u32,
     next: u32,
 }
@@ -85,9 +82,7 @@ impl Drop for RequestTasks {
         let me: *mut RequestTasks = self;
         with_worker(|w| {
             // SAFETY: self is alive for the duration of drop.
-            for buf in unsafe { w.tasks.release_request(me) } {
-                w.tasks.recycle(buf);
-            }
+            drop(unsafe { w.tasks.release_request(me) });
         });
     }
 }
@@ -98,9 +93,9 @@ pub struct Tasks {
     free: Vec<u32>,
     /// Result buffers kept for reuse, so steady state allocates nothing.
     spare: Vec<Vec<u8>>,
-    /// Tasks with borrowed arguments that ended without their caller
-    /// taking the result: the shim may now let go of those strings.
-    reaped: Vec<TaskId>,
+    /// Anchor keys of tasks that ended without their caller taking the
+    /// result: the caller's strings they borrowed may now be let go of.
+    reaped: Vec<u64>,
     /// Each pool's counters, by pool index.
     pub stats: Vec<&'static PoolStats>,
 }
@@ -130,15 +125,19 @@ impl Tasks {
         self.spare.pop().unwrap_or_default()
     }
 
-    /// Keeps a payload's buffer for reuse (small ones only: a 1 MiB payload
-    /// should not pin 1 MiB per spare) and drops the rest, which lets go of
-    /// a thread's pin on borrowed results.
-    pub fn recycle(&mut self, payload: Payload) {
-        let mut buf = payload.bytes;
+    /// Keeps a buffer for reuse (small ones only: a 1 MiB payload should
+    /// not pin 1 MiB per spare).
+    pub fn recycle_buffer(&mut self, mut buf: Vec<u8>) {
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
         }
+    }
+
+    /// Keeps a result's buffer for reuse and drops the rest, which lets go
+    /// of a thread's pin on borrowed results.
+    pub fn recycle(&mut self, payload: Payload) {
+        self.recycle_buffer(payload.bytes);
     }
 
     /// A new Running record on `owner`'s list, with a clean semaphore.
@@ -149,7 +148,7 @@ impl Tasks {
         &mut self,
         owner: *mut RequestTasks,
         pool: usize,
-        borrowed: bool,
+        anchor: u64,
     ) -> Result<TaskId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -160,12 +159,9 @@ impl Tasks {
                     state: State::Free,
                     sema: None,
                     sema_posted: false,
-                    result: Payload::default(),
-                    failed: false,
-                    borrowed: false,
+                    work: None,
+                    anchor: 0,
                     owner: std::ptr::null_mut(),
-                    leader: NONE,
-                    waiting: 0,
                     pool: 0,
                     prev: NONE,
                     next: NONE,
@@ -184,8 +180,7 @@ impl Tasks {
             }
         }
         slot.state = State::Running;
-        slot.failed = false;
-        slot.borrowed = borrowed;
+        slot.anchor = anchor;
         slot.pool = pool as u32;
         let id = join(slot.gen, index);
         self.link(index, owner);
@@ -199,26 +194,21 @@ impl Tasks {
             .filter(|s| s.gen == gen && s.state != State::Free)
     }
 
-    /// Makes the Running records `ids` one batch: the first one's
-    /// semaphore is posted once all of them are done.
-    pub fn group(&mut self, ids: &[TaskId]) {
-        let Some(&first) = ids.first() else {
-            return;
-        };
-        let leader = split(first).1;
-        for &id in ids {
-            self.slots[split(id).1 as usize].leader = leader;
+    /// Hands the record the push's tasks, once they are queued.
+    pub fn set_work(&mut self, id: TaskId, work: Job) {
+        let (gen, index) = split(id);
+        if let Some(slot) = self.slots.get_mut(index as usize).filter(|s| s.gen == gen) {
+            slot.work = Some(work);
         }
-        self.slots[leader as usize].waiting = ids.len() as u32;
     }
 
     pub fn sema(&self, id: TaskId) -> Option<&Sema> {
         self.slot(id).and_then(|s| s.sema.as_ref())
     }
 
-    /// Takes the result of a Done task, and whether the handler failed, and
-    /// frees the record. Taking it means the caller's wait consumed the post.
-    pub fn take_result(&mut self, id: TaskId) -> Option<(Payload, bool)> {
+    /// Takes the results of a Done task, with its anchor key, and frees
+    /// the record. Taking them means the caller's wait consumed the post.
+    pub fn take_result(&mut self, id: TaskId) -> Option<(Job, u64)> {
         let (gen, index) = split(id);
         let slot = self.slots.get_mut(index as usize)?;
         if slot.gen != gen || slot.state != State::Done {
@@ -226,60 +216,48 @@ impl Tasks {
         }
         slot.sema_posted = false;
         // the caller lets go of its strings itself
-        slot.borrowed = false;
-        let failed = slot.failed;
-        Some((self.release_index(index), failed))
+        let anchor = std::mem::take(&mut slot.anchor);
+        let work = self.release_index(index)?;
+        Some((work, anchor))
     }
 
-    /// A completion from a pool thread. Returns the payload buffer when no
-    /// one wants it.
-    pub fn complete(&mut self, id: TaskId, payload: Payload, failed: bool) -> Option<Payload> {
-        let (gen, index) = split(id);
+    /// A completion from a pool thread: all the tasks of a push are done.
+    /// Returns their results when no one wants them.
+    pub fn complete(&mut self, work: Job) -> Option<Job> {
+        let (gen, index) = split(work.task);
         let Some(slot) = self.slots.get_mut(index as usize) else {
-            return Some(payload);
+            return Some(work);
         };
         if slot.gen != gen {
-            return Some(payload);
+            return Some(work);
         }
+        let id = work.task;
         match slot.state {
             State::Running => {
-                let old = std::mem::replace(&mut slot.result, payload);
-                slot.failed = failed;
+                slot.work = Some(work);
                 slot.state = State::Done;
-                let leader = slot.leader;
-                let wake = if leader == NONE {
-                    index
-                } else {
-                    let l = &mut self.slots[leader as usize];
-                    l.waiting -= 1;
-                    if l.waiting > 0 {
-                        log::debug(format_args!("task {id:#x} done, in a batch"));
-                        return Some(old);
-                    }
-                    leader
-                };
-                let slot = &mut self.slots[wake as usize];
                 if let Some(sema) = &slot.sema {
                     sema.post();
                     slot.sema_posted = true;
                 }
                 log::debug(format_args!("task {id:#x} done, resuming its caller"));
-                Some(old)
+                None
             }
             State::Abandoned => {
-                self.release_index(index);
                 log::debug(format_args!(
                     "task {id:#x} done, dropped: its caller is gone"
                 ));
-                Some(payload)
+                self.release_index(index);
+                Some(work)
             }
-            State::Free | State::Done => Some(payload),
+            State::Free | State::Done => Some(work),
         }
     }
 
     /// The caller is done with the task: a finished record is freed, a
-    /// running one is abandoned (its completion will free it).
-    pub fn release(&mut self, id: TaskId, why: Release) -> Option<Payload> {
+    /// running one is abandoned (its completion will free it) and its tasks
+    /// not started yet are skipped.
+    pub fn release(&mut self, id: TaskId, why: Release) -> Option<Job> {
         let (gen, index) = split(id);
         let slot = self.slots.get(index as usize)?;
         if slot.gen != gen {
@@ -297,22 +275,21 @@ impl Tasks {
                 self.unlink(index);
                 let slot = &mut self.slots[index as usize];
                 slot.state = State::Abandoned;
-                // A batch is let go of whole: its leader may be freed
-                // before this task completes.
-                slot.leader = NONE;
+                if let Some(work) = &slot.work {
+                    work.cancel();
+                }
                 None
             }
-            State::Done => Some(self.release_index(index)),
+            State::Done => self.release_index(index),
             State::Free | State::Abandoned => None,
         }
     }
 
-    fn release_index(&mut self, index: u32) -> Payload {
+    fn release_index(&mut self, index: u32) -> Option<Job> {
         self.unlink(index);
         let slot = &mut self.slots[index as usize];
-        if slot.borrowed {
-            slot.borrowed = false;
-            self.reaped.push(join(slot.gen, index));
+        if slot.anchor != 0 {
+            self.reaped.push(std::mem::take(&mut slot.anchor));
         }
         if slot.sema_posted {
             // A post nobody consumed: the semaphore keeps a resource.
@@ -320,18 +297,16 @@ impl Tasks {
             slot.sema_posted = false;
         }
         slot.state = State::Free;
-        slot.leader = NONE;
-        slot.waiting = 0;
         slot.gen = (slot.gen.wrapping_add(1) & GEN_MASK).max(1);
         self.free.push(index);
-        std::mem::take(&mut slot.result)
+        slot.work.take()
     }
 
     /// Lets go of every task of a request that is going away.
     ///
     /// # Safety
     /// `owner` must be the live RequestTasks being dropped.
-    pub unsafe fn release_request(&mut self, owner: *mut RequestTasks) -> Vec<Payload> {
+    pub unsafe fn release_request(&mut self, owner: *mut RequestTasks) -> Vec<Job> {
         let mut bufs = Vec::new();
         // SAFETY: the caller vouches for owner.
         while let Some(index) = Some(unsafe { (*owner).head }).filter(|&h| h != NONE) {
@@ -385,14 +360,14 @@ impl Tasks {
         s.next = NONE;
     }
 
-    /// Moves at most `out.len()` reaped tasks (see `reaped`) into `out`;
-    /// returns how many.
-    pub fn take_reaped(&mut self, out: &mut [TaskId]) -> usize {
-        let n = out.len().min(self.reaped.len());
-        let from = self.reaped.len() - n;
-        out[..n].copy_from_slice(&self.reaped[from..]);
-        self.reaped.truncate(from);
-        n
+    /// Takes the anchor keys of the tasks reaped so far (see `reaped`).
+    pub fn take_reaped(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.reaped)
+    }
+
+    /// Whether some anchors can be let go of.
+    pub fn has_reaped(&self) -> bool {
+        !self.reaped.is_empty()
     }
 
     /// Drops every record and semaphore (worker exit).

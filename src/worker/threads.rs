@@ -3,8 +3,9 @@
 
 use super::payload::{Payload, Pinned};
 use super::stats::PoolStats;
-use super::tasks::{TaskId, LARGE, POSTED};
+use super::tasks::{LARGE, POSTED};
 use super::watchdog::Running;
+use super::work::Job;
 use crate::codec;
 use crate::ngx::os::{self, Scheduling};
 use crate::ngx::{guard, log, notify};
@@ -18,25 +19,6 @@ use std::time::{Duration, Instant};
 /// (Rust's default, 2 MiB, is less), so that code recursing on the C stack,
 /// like PCRE matching without JIT, gets as deep as in the event loop.
 pub(super) const THREAD_STACK_SIZE: usize = 8 << 20;
-
-/// A task on its way to a pool thread.
-pub struct Job {
-    pub task: TaskId,
-    /// The arguments; the shim keeps their spans' strings alive until the
-    /// completion reaches the event loop.
-    pub payload: Payload,
-    pub queued_at: Instant,
-    /// In a batch: its tasks not finished yet.
-    pub batch: Option<Remaining>,
-}
-
-/// The tasks of a batch not finished yet. Its caller is resumed once, when
-/// the last is done, so only the thread that finishes the last one wakes
-/// the event loop: one wake-up per batch rather than one per task, each
-/// costing a write on the eventfd and a context switch of the event loop.
-/// The completions before it wait in the channel for that wake-up (or any
-/// other).
-pub type Remaining = Arc<std::sync::atomic::AtomicUsize>;
 
 /// What a thread is given besides its pool's spec and channels.
 pub struct ThreadSetup {
@@ -54,19 +36,7 @@ pub struct Watch {
     pub epoch: Instant,
 }
 
-/// A finished task on its way back: the payload now holds the results.
-pub struct Completion {
-    pub task: TaskId,
-    pub payload: Payload,
-    pub failed: bool,
-}
-
-pub(super) fn thread_main(
-    spec: Spec,
-    jobs: Receiver<Job>,
-    done: Sender<Completion>,
-    setup: ThreadSetup,
-) {
+pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, setup: ThreadSetup) {
     let ThreadSetup {
         index,
         stopping,
@@ -105,6 +75,14 @@ pub(super) fn thread_main(
             ),
         );
     }
+    let collect = |vm: &ThreadVm| {
+        if let Err(e) = vm.collect_garbage() {
+            report(
+                log::NGX_LOG_WARN,
+                format_args!("thread pool \"{pool}\": error between tasks: {e}"),
+            );
+        }
+    };
     let mut vm = build();
     // States rebuilt while the event loop still read result strings of
     // theirs: kept until it has let go of them.
@@ -126,129 +104,148 @@ pub(super) fn thread_main(
     // Failures of posted tasks since the last line about them, and when.
     let mut posted_failures = 0u64;
     let mut last_logged: Option<Instant> = None;
-    let give_back = |vm: &Result<ThreadVm, String>| {
-        if let Ok(vm) = vm {
-            vm.collect_garbage();
-        }
-        os::give_back_free_memory();
-    };
     loop {
         unpin(&vm, &mut retired);
-        let mut job = match next_job(&jobs, handled >= LARGE, &mut spin) {
+        let job = match next_job(&jobs, handled >= LARGE, &mut spin) {
             Next::Job(job) => job,
             Next::Idle => {
                 unpin(&vm, &mut retired);
-                give_back(&vm);
+                if let Ok(vm) = &vm {
+                    collect(vm);
+                }
+                os::give_back_free_memory();
                 handled = 0;
                 continue;
             }
             Next::Closed => break,
         };
-        handled += job.payload.bytes.len() + borrowed_bytes(&job.payload);
-        PoolStats::sub(&stats.queued);
         if stopping.load(Ordering::Relaxed) {
             continue;
         }
-        stats.wait.observe(job.queued_at.elapsed());
-        PoolStats::add(&stats.busy);
-        let started = Instant::now();
-        watch.running.start(watch.epoch, job.task);
-        debug(format_args!(
-            "task {:#x} started in thread pool \"{pool}\" thread #{index}",
-            job.task
-        ));
-        let payload = &mut job.payload;
-        let Ran { outcome, pin } = match &vm {
-            // SAFETY: the shim keeps the spans' strings alive until this
-            // task's completion reaches the event loop, after run returns.
-            Ok(vm) => guard::catch(|| unsafe { vm.run(&mut payload.bytes, &mut payload.spans) })
+        while let Some(i) = job.claim() {
+            PoolStats::sub(&stats.queued);
+            let (args, spans) = (job.args.part(i), &job.args.spans[..]);
+            handled += args.len() + job.args.borrowed_per_task();
+            if job.is_cancelled() {
+                PoolStats::add(&stats.cancelled);
+                debug(format_args!(
+                    "task {:#x}.{i} skipped: its caller gave up",
+                    job.task
+                ));
+                if job.finish(i, Payload::default()) {
+                    complete(&done, job.clone());
+                }
+                continue;
+            }
+            stats.wait.observe(job.queued_at.elapsed());
+            PoolStats::add(&stats.busy);
+            let started = Instant::now();
+            watch.running.start(watch.epoch, job.task);
+            debug(format_args!(
+                "task {:#x}.{i} started in thread pool \"{pool}\" thread #{index}",
+                job.task
+            ));
+            let mut result = Payload::default();
+            let outcome = match &vm {
+                // SAFETY: whoever pushed keeps the spans' strings alive
+                // until the completion reaches the event loop, after this.
+                Ok(vm) => guard::catch(|| unsafe {
+                    vm.run(args, spans, &mut result.bytes, &mut result.spans)
+                })
                 .unwrap_or_else(|panic| {
-                    vm::fail(&mut payload.bytes, &panic);
-                    payload.spans.clear();
+                    vm::fail(&mut result.bytes, &panic);
+                    result.spans.clear();
                     Ran::from(Outcome::Failed)
                 }),
-            Err(msg) => {
-                vm::fail(&mut payload.bytes, msg);
-                payload.spans.clear();
-                Ran::from(Outcome::Failed)
-            }
-        };
-        payload.pinned = pin.map(|key| Pinned::new(key, unpin_tx.clone()));
-        watch.running.finish();
-        stats.run.observe(started.elapsed());
-        PoolStats::sub(&stats.busy);
-        PoolStats::add(if outcome == Outcome::Done {
-            &stats.completed
-        } else {
-            &stats.errors
-        });
-        debug(format_args!(
-            "task {:#x} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
-            job.task,
-            job.payload.bytes.len()
-        ));
-        if let Outcome::Broken(why) = &outcome {
-            report(
-                log::NGX_LOG_WARN,
-                format_args!(
-                    "thread pool \"{pool}\" thread #{index}: {why}; rebuilding its Lua state"
-                ),
-            );
-            // The old state goes first: its memory is what the new one
-            // needs. If the event loop still reads strings of it, it stays
-            // until they are let go of, with its garbage collected.
-            match vm {
-                Ok(old) if old.has_pins() => {
-                    old.collect_garbage();
-                    retired.push(old);
+                Err(msg) => {
+                    vm::fail(&mut result.bytes, msg);
+                    Ran::from(Outcome::Failed)
                 }
-                _ => {}
+            };
+            let Ran {
+                outcome,
+                pin,
+                drained,
+            } = outcome;
+            if let (n @ 1.., Some(first)) = drained {
+                report(
+                    log::NGX_LOG_WARN,
+                    format_args!(
+                        "thread pool \"{pool}\" thread #{index}: {n} finalizers failed after a task: {first}"
+                    ),
+                );
             }
-            vm = build();
-        }
-        handled += job.payload.bytes.len() + borrowed_bytes(&job.payload);
-        if job.task == POSTED {
-            // Nobody takes the result; a failure is logged (at most once a
-            // second per thread, with how many were left unlogged).
-            if outcome != Outcome::Done {
-                posted_failures += 1;
-                if last_logged.is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY) {
-                    report(
-                        log::NGX_LOG_WARN,
-                        format_args!(
-                            "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
-                            codec::error_text(&job.payload.bytes),
-                            posted_failures
-                        ),
-                    );
-                    posted_failures = 0;
-                    last_logged = Some(Instant::now());
+            result.failed = outcome != Outcome::Done;
+            result.pinned = pin.map(|key| Pinned::new(key, unpin_tx.clone()));
+            watch.running.finish();
+            stats.run.observe(started.elapsed());
+            PoolStats::sub(&stats.busy);
+            PoolStats::add(if result.failed {
+                &stats.errors
+            } else {
+                &stats.completed
+            });
+            debug(format_args!(
+                "task {:#x}.{i} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
+                job.task,
+                result.bytes.len()
+            ));
+            if outcome == Outcome::OutOfMemory {
+                report(
+                    log::NGX_LOG_WARN,
+                    format_args!(
+                        "thread pool \"{pool}\" thread #{index}: {}; rebuilding its Lua state",
+                        codec::NOT_ENOUGH_MEMORY
+                    ),
+                );
+                // The old state goes first: its memory is what the new one
+                // needs. If the event loop still reads strings of it, it
+                // stays until they are let go of, with its garbage collected.
+                match vm {
+                    Ok(old) if old.has_pins() => {
+                        collect(&old);
+                        retired.push(old);
+                    }
+                    _ => {}
                 }
+                vm = build();
             }
-            continue;
-        }
-        if done
-            .send(Completion {
-                task: job.task,
-                payload: job.payload,
-                failed: outcome != Outcome::Done,
-            })
-            .is_err()
-        {
-            break;
-        }
-        let last = job
-            .batch
-            .is_none_or(|left| left.fetch_sub(1, Ordering::AcqRel) == 1);
-        if last {
-            notify::wake();
+            handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
+            if job.task == POSTED {
+                // Nobody takes the result; a failure is logged (at most
+                // once a second per thread, with how many were left
+                // unlogged).
+                if result.failed {
+                    posted_failures += 1;
+                    if last_logged.is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY) {
+                        report(
+                            log::NGX_LOG_WARN,
+                            format_args!(
+                                "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
+                                codec::error_text(&result.bytes),
+                                posted_failures
+                            ),
+                        );
+                        posted_failures = 0;
+                        last_logged = Some(Instant::now());
+                    }
+                }
+                continue;
+            }
+            if job.finish(i, result) {
+                complete(&done, job.clone());
+            }
         }
     }
 }
 
-/// Bytes a payload borrows: they count as handled like copied ones.
-fn borrowed_bytes(payload: &Payload) -> usize {
-    payload.spans.iter().map(|s| s.len).sum()
+/// Sends a push whose every task is done back to the event loop and wakes
+/// it.
+fn complete(done: &Sender<Job>, job: Job) {
+    // A closed channel: the worker is exiting and drops everything.
+    if done.send(job).is_ok() {
+        notify::wake();
+    }
 }
 
 /// How often a thread logs the failures of posted tasks.

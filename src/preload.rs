@@ -1,0 +1,537 @@
+//! The `ngx_threadpool` Lua module of the event loop: C functions on the
+//! caller's own Lua stack, registered with lua-nginx-module's public API
+//! for modules that extend it (`ngx_http_lua_add_package_preload`). The
+//! shim (lua/resty/threadpool.lua) keeps the waiting, the timeouts and the
+//! API; these walk the arguments and queue the tasks in one call, and
+//! build the results on the caller's stack in another, as
+//! ngx.run_worker_thread copies its values in C.
+//!
+//! Every function here may see a Lua error raised under it: building
+//! values allocates, and an allocation may run a finalizer that fails, as
+//! anywhere on the event loop. Such an error unwinds through these frames
+//! to the caller's Lua code, as it would from a Lua function. So the
+//! functions keep to one order: what may raise (reserving stack, pushing
+//! results, anchoring strings) happens before anything is queued or after
+//! everything the module owns is out of reach of the unwind (a local that
+//! the unwind drops), and the Rust code between runs under a panic guard
+//! that never sees a Lua call that raises (guard.rs: a panic must not
+//! unwind into LuaJIT, and a Lua error must not reach a guard).
+//!
+//! Upvalues of every function: 1, the table of anchored argument strings
+//! by anchor key; 2, the string "n".
+
+use crate::codec::{self, Borrow, Source};
+use crate::ffi::{BAD_CONTEXT, DECLINED, ERROR, OK};
+use crate::ngx::guard;
+use crate::ngx::lua::request_of;
+use crate::ngx::shim::{ErrOut, Request};
+use crate::worker::payload::{Args, Payload};
+use crate::worker::tasks::{Release, RequestTasks, TaskId};
+use crate::worker::{with_worker, WorkerError};
+use mlua::ffi::{self as lua, lua_State};
+use std::ffi::{c_int, CStr};
+
+/// The name `require` finds these functions under.
+pub const PACKAGE: &CStr = c"ngx_threadpool";
+
+/// Bumped when a function below changes; the shim refuses other versions.
+pub const API_VERSION: c_int = 8;
+
+const ANCHORS: c_int = lua::lua_upvalueindex(1);
+const N_KEY: c_int = lua::lua_upvalueindex(2);
+
+/// The loader `require "ngx_threadpool"` runs: the table of functions.
+pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
+    type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
+    let functions: [(&CStr, F); 7] = [
+        (c"push", push),
+        (c"push_batch", push_batch),
+        (c"post", post),
+        (c"result", result),
+        (c"results", results),
+        (c"release", release),
+        (c"reap", reap),
+    ];
+    // SAFETY: a loader runs as a Lua function on the event loop, with
+    // LUA_MINSTACK free slots; it only pushes and sets fields (raising
+    // only out of memory, before anything is made).
+    unsafe {
+        lua::lua_createtable(l, 0, functions.len() as c_int + 1);
+        let module = lua::lua_gettop(l);
+        lua::lua_createtable(l, 0, 0);
+        lua::lua_pushlstring_(l, c"n".as_ptr(), 1);
+        for (name, f) in functions {
+            lua::lua_pushvalue(l, module + 1);
+            lua::lua_pushvalue(l, module + 2);
+            lua::lua_pushcclosure(l, f, 2);
+            lua::lua_setfield(l, module, name.as_ptr());
+        }
+        lua::lua_pushinteger(l, API_VERSION as lua::lua_Integer);
+        lua::lua_setfield(l, module, c"version".as_ptr());
+        lua::lua_settop(l, module);
+    }
+    1
+}
+
+/// Pushes `code` and a message: what a call that queued nothing returns.
+///
+/// # Safety
+/// Called from one of the functions above, on its stack.
+unsafe fn refused(l: *mut lua_State, code: c_int, msg: &str) -> c_int {
+    // SAFETY: forwarded; the string push may raise, with nothing queued.
+    unsafe {
+        lua::lua_pushinteger(l, code as lua::lua_Integer);
+        lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
+    }
+    2
+}
+
+/// An argument as an integer (the shim passes numbers it checked).
+///
+/// # Safety
+/// As refused.
+unsafe fn int_arg(l: *mut lua_State, i: c_int) -> i64 {
+    // SAFETY: forwarded; lua_tonumber reads without converting strings in
+    // place (numbers only reach here).
+    unsafe { lua::lua_tonumber(l, i) as i64 }
+}
+
+/// Which strings of pool `pool`'s arguments are borrowed.
+fn borrow_of(pool: usize) -> Option<Borrow> {
+    let min = crate::conf::running_pools().get(pool)?.zero_copy?;
+    Some(Borrow { min, nested: true })
+}
+
+/// Anchors the strings the arguments at `src` borrowed, `count` of them,
+/// under a new key: the key (0 when nothing is borrowed).
+///
+/// # Safety
+/// As refused, with the values at `src` unchanged since they were encoded.
+unsafe fn anchor(
+    l: *mut lua_State,
+    parts: &[(Source, usize)],
+    borrow: Option<Borrow>,
+    count: usize,
+) -> u64 {
+    let Some(borrow) = borrow.filter(|_| count > 0) else {
+        return 0;
+    };
+    let Some(key) = with_worker(|w| w.anchor_key()) else {
+        return 0;
+    };
+    // SAFETY: forwarded; the table has room for every borrowed string in
+    // its array part (codec::anchor's contract). The allocations may raise,
+    // before anything is queued.
+    unsafe {
+        lua::lua_createtable(l, count as c_int, 0);
+        let table = lua::lua_gettop(l);
+        let mut next = 1;
+        for &(src, n) in parts {
+            next = codec::anchor(l, src, n, borrow, table, next);
+        }
+        lua::lua_pushnumber(l, key as f64);
+        lua::lua_insert(l, table);
+        lua::lua_rawset(l, ANCHORS);
+    }
+    key
+}
+
+/// Lets go of anchored strings (a removal allocates nothing).
+///
+/// # Safety
+/// As refused.
+unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
+    // SAFETY: forwarded; setting an existing key to nil neither allocates
+    // nor raises.
+    unsafe {
+        for &key in keys {
+            lua::lua_pushnumber(l, key as f64);
+            lua::lua_pushnil(l);
+            lua::lua_rawset(l, ANCHORS);
+        }
+    }
+}
+
+/// `reap()`: lets go of the strings of tasks that ended after their
+/// caller stopped waiting or went away.
+unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
+    let keys = guard::catch(|| with_worker(|w| w.tasks.take_reaped()))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    // SAFETY: on the caller's stack.
+    unsafe { unanchor(l, &keys) };
+    0
+}
+
+/// Reaps at each push, so that a busy worker lets go as it goes.
+///
+/// # Safety
+/// As refused.
+unsafe fn reap_pending(l: *mut lua_State) {
+    if with_worker(|w| w.tasks.has_reaped()) == Some(true) {
+        // SAFETY: forwarded.
+        unsafe { reap(l) };
+    }
+}
+
+/// `rc, task_or_err = push(pool, timeout_ms, ...)`: queues one task and
+/// makes the coroutine wait (AGAIN, then yield); DECLINED when the queue
+/// is full; BAD_CONTEXT where it may not wait; ERROR and a message.
+unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua with the shim's arguments; the values are at
+    // 3..=top.
+    unsafe {
+        let n = (lua::lua_gettop(l) - 2).max(0) as usize;
+        let pool = int_arg(l, 1) as usize;
+        let borrow = borrow_of(pool);
+        let mut args = new_args();
+        let count = match codec::write_values(
+            l,
+            Source::Stack(3),
+            n,
+            "argument",
+            borrow,
+            &mut args.bytes,
+            &mut args.spans,
+        ) {
+            Ok(count) => count,
+            Err(e) => return refused(l, ERROR, &e.to_string()),
+        };
+        args.end_part();
+        queue(l, pool, args, &[(Source::Stack(3), n)], borrow, count)
+    }
+}
+
+/// `rc, task_or_err = push_batch(pool, timeout_ms, list, count)`: as push,
+/// one task per entry of list[1..count], an argument table whose `n`
+/// field, when a number, counts its values. One record, one wait.
+unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua with the shim's arguments (list at 3, a
+    // table); each entry is pushed at 5, above the count.
+    unsafe {
+        let pool = int_arg(l, 1) as usize;
+        let count = int_arg(l, 4).max(0) as usize;
+        let borrow = borrow_of(pool);
+        lua::lua_settop(l, 4);
+        if !crate::lua::stack::reserve(l, count) {
+            return refused(l, ERROR, "Lua stack overflow");
+        }
+        let mut args = new_args();
+        let mut parts = Vec::with_capacity(count);
+        let mut borrowed = 0;
+        for i in 1..=count {
+            lua::lua_rawgeti_(l, 3, i as c_int);
+            let entry = lua::lua_gettop(l);
+            if lua::lua_type(l, entry) != lua::LUA_TTABLE {
+                return refused(
+                    l,
+                    ERROR,
+                    &format!("task {i}: expected a table of arguments"),
+                );
+            }
+            lua::lua_pushvalue(l, N_KEY);
+            lua::lua_rawget(l, entry);
+            let n = if lua::lua_type(l, -1) == lua::LUA_TNUMBER {
+                lua::lua_tonumber(l, -1).max(0.0) as usize
+            } else {
+                lua::lua_objlen(l, entry)
+            };
+            lua::lua_settop(l, entry);
+            let what = "argument";
+            match codec::write_values(
+                l,
+                Source::Array(entry),
+                n,
+                what,
+                borrow,
+                &mut args.bytes,
+                &mut args.spans,
+            ) {
+                Ok(c) => borrowed += c,
+                Err(e) => return refused(l, ERROR, &format!("task {i}: {e}")),
+            }
+            args.end_part();
+            parts.push((Source::Array(entry), n));
+        }
+        queue(l, pool, args, &parts, borrow, borrowed)
+    }
+}
+
+/// A buffer for arguments, from the worker's spares.
+fn new_args() -> Args {
+    Args {
+        bytes: with_worker(|w| w.tasks.buffer()).unwrap_or_default(),
+        ..Args::default()
+    }
+}
+
+/// What push and push_batch share: anchors the borrowed strings, queues
+/// the tasks and starts the wait; pushes what the shim gets.
+///
+/// # Safety
+/// As refused, with the encoded values at `parts` unchanged.
+unsafe fn queue(
+    l: *mut lua_State,
+    pool: usize,
+    args: Args,
+    parts: &[(Source, usize)],
+    borrow: Option<Borrow>,
+    borrowed: usize,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe {
+        reap_pending(l);
+        let ms = int_arg(l, 2).clamp(1, c_int::MAX as i64) as c_int;
+        let r = request_of(l);
+        let anchor = anchor(l, parts, borrow, borrowed);
+        let queued = guard::catch(|| queue_and_wait(r, pool, ms, args, anchor))
+            .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));
+        match queued {
+            Queued::Waiting(rc, task) => {
+                lua::lua_pushinteger(l, rc as lua::lua_Integer);
+                lua::lua_pushnumber(l, task as f64);
+                2
+            }
+            Queued::Refused(rc, msg) => {
+                // nothing reads the strings
+                if anchor != 0 {
+                    unanchor(l, &[anchor]);
+                }
+                refused(l, rc, &msg)
+            }
+            // the anchor goes when the tasks end
+            Queued::NotWaiting(msg) => refused(l, ERROR, &msg),
+        }
+    }
+}
+
+/// How a push went.
+enum Queued {
+    /// Queued; the wait's code (AGAIN or OK) and the record.
+    Waiting(c_int, TaskId),
+    /// Nothing queued: the code and message.
+    Refused(c_int, String),
+    /// Queued, but the wait failed: the tasks run for no one.
+    NotWaiting(String),
+}
+
+/// Queues the tasks for the running request and starts its wait.
+fn queue_and_wait(
+    r: *mut crate::ngx::sys::ngx_http_request_t,
+    pool: usize,
+    ms: c_int,
+    args: Args,
+    anchor: u64,
+) -> Queued {
+    // SAFETY: request_of gave the request of the running coroutine, or null.
+    let Some(r) = (unsafe { Request::from_raw(r) }) else {
+        return Queued::Refused(BAD_CONTEXT, String::new());
+    };
+    if !r.may_yield() {
+        return Queued::Refused(BAD_CONTEXT, String::new());
+    }
+    // SAFETY: this module keeps only its RequestTasks in the slot.
+    let Some(owner) = (unsafe { r.module_ctx::<RequestTasks>() }) else {
+        return Queued::Refused(ERROR, "no memory".into());
+    };
+    let queued = with_worker(|w| {
+        // SAFETY: owner lives in r->pool and unlinks its records when that
+        // pool is destroyed; the shim's stack anchors the borrowed strings.
+        let task = match unsafe { w.push(pool, Some(owner.as_ptr()), args, anchor) } {
+            Ok(task) => task,
+            Err(WorkerError::QueueFull) => return Queued::Refused(DECLINED, String::new()),
+            Err(e) => return Queued::Refused(ERROR, e.to_string()),
+        };
+        crate::worker::gate::pushed(r.connection_number());
+        let mut buf = [0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: a stack buffer for the message.
+        let err = unsafe { ErrOut::new(buf.as_mut_ptr(), &mut len) };
+        // The semaphore belongs to the record, which outlives the wait.
+        let rc = match w.tasks.sema(task) {
+            Some(sema) => crate::ngx::shim::wait(sema, &r, ms, &err),
+            None => ERROR,
+        };
+        if rc == ERROR {
+            // Not waiting after all: the tasks run for no one, and the
+            // anchor is reaped once they end.
+            w.tasks.release(task, Release::NotWaiting);
+            return Queued::NotWaiting(String::from_utf8_lossy(&buf[..len]).into_owned());
+        }
+        Queued::Waiting(rc, task)
+    });
+    queued.unwrap_or_else(|| Queued::Refused(ERROR, "not in a worker process".into()))
+}
+
+/// `ok, err = post(pool, ...)`: queues a task whose result nobody takes.
+/// Its arguments borrow nothing: nobody would hear when they are free.
+unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua with the shim's arguments, the values at 2..=top.
+    unsafe {
+        let n = (lua::lua_gettop(l) - 1).max(0) as usize;
+        let pool = int_arg(l, 1) as usize;
+        let mut args = new_args();
+        if let Err(e) = codec::write_values(
+            l,
+            Source::Stack(2),
+            n,
+            "argument",
+            None,
+            &mut args.bytes,
+            &mut args.spans,
+        ) {
+            return refused(l, ERROR, &e.to_string());
+        }
+        args.end_part();
+        let posted = guard::catch(|| {
+            // SAFETY: a posted task has no owner and borrows nothing.
+            with_worker(|w| w.push(pool, None, args, 0))
+        });
+        match posted {
+            Ok(Some(Ok(_))) => {
+                lua::lua_pushinteger(l, OK as lua::lua_Integer);
+                1
+            }
+            Ok(Some(Err(WorkerError::QueueFull))) => refused(l, DECLINED, "queue full"),
+            Ok(Some(Err(e))) => refused(l, ERROR, &e.to_string()),
+            Ok(None) => refused(l, ERROR, "not in a worker process with running pools"),
+            Err(panic) => refused(l, ERROR, &format!("panic: {panic}")),
+        }
+    }
+}
+
+/// Takes a finished task's results and lets go of its anchored strings:
+/// None when the task is not finished.
+///
+/// # Safety
+/// As refused.
+unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
+    // SAFETY: forwarded.
+    let task = unsafe { lua::lua_tonumber(l, 1) } as TaskId;
+    let (work, anchor) = guard::catch(|| with_worker(|w| w.tasks.take_result(task)))
+        .ok()
+        .flatten()
+        .flatten()?;
+    if anchor != 0 {
+        // SAFETY: forwarded.
+        unsafe { unanchor(l, &[anchor]) };
+    }
+    let results = work.take_results();
+    for (i, p) in results.iter().enumerate() {
+        crate::ngx::log::debug(format_args!(
+            "task {task:#x}.{i} resumed, {} bytes of results, borrowed {}",
+            p.bytes.len(),
+            p.spans.len()
+        ));
+    }
+    Some(results)
+}
+
+/// Gives the result buffers back for reuse; the pins of borrowed strings
+/// go with their payloads.
+fn recycle(results: Vec<Payload>) {
+    with_worker(|w| {
+        for p in results {
+            w.tasks.recycle(p);
+        }
+    });
+}
+
+/// `values... = result(task)`: the handler's return values, or nil and
+/// the error (the handler's error value, or the module's).
+unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua with the task's handle at 1; the results are a
+    // local here, so an error raised while building the values drops them.
+    unsafe {
+        let Some(results) = take(l) else {
+            return nil_and(l, "no result");
+        };
+        lua::lua_settop(l, 0);
+        let n = match results.first() {
+            Some(p) if p.failed => {
+                lua::lua_pushnil(l);
+                match codec::push_values(l, &p.bytes, &p.spans) {
+                    Ok(_) => 2,
+                    Err(e) => nil_and(l, &e.to_string()),
+                }
+            }
+            Some(p) => match codec::push_values(l, &p.bytes, &p.spans) {
+                Ok(n) => n as c_int,
+                Err(e) => nil_and(l, &e.to_string()),
+            },
+            None => nil_and(l, "no result"),
+        };
+        recycle(results);
+        n
+    }
+}
+
+/// Replaces the stack with nil and `msg`.
+///
+/// # Safety
+/// As refused.
+unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
+    // SAFETY: forwarded.
+    unsafe {
+        lua::lua_settop(l, 0);
+        lua::lua_pushnil(l);
+        lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
+    }
+    2
+}
+
+/// `results = results(task)`: a batch's results in task order, each
+/// `{ true, values..., n = k }` or `{ false, err, n = 2 }`.
+unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
+    // SAFETY: as in result; each entry is built above the results table
+    // and stored in it before the next.
+    unsafe {
+        let Some(results) = take(l) else {
+            return nil_and(l, "no result");
+        };
+        lua::lua_settop(l, 0);
+        lua::lua_createtable(l, results.len() as c_int, 0);
+        for (i, p) in results.iter().enumerate() {
+            lua::lua_createtable(l, 2, 1);
+            let entry = lua::lua_gettop(l);
+            lua::lua_pushboolean(l, c_int::from(!p.failed));
+            lua::lua_rawseti_(l, entry, 1);
+            let k = match codec::push_values(l, &p.bytes, &p.spans) {
+                Ok(k) => k,
+                Err(e) => {
+                    let msg = e.to_string();
+                    lua::lua_settop(l, entry);
+                    lua::lua_pushboolean(l, 0);
+                    lua::lua_rawseti_(l, entry, 1);
+                    lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
+                    1
+                }
+            };
+            for j in (1..=k as c_int).rev() {
+                lua::lua_rawseti_(l, entry, j + 1);
+            }
+            lua::lua_pushvalue(l, N_KEY);
+            lua::lua_pushnumber(l, (k + 1) as f64);
+            lua::lua_rawset(l, entry);
+            lua::lua_rawseti_(l, 1, i as c_int + 1);
+        }
+        recycle(results);
+        1
+    }
+}
+
+/// `release(task)`: the caller stopped waiting (timeout): a running task
+/// is abandoned, its tasks not started are skipped and its late results
+/// dropped; a finished one is freed.
+unsafe extern "C-unwind" fn release(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua with the task's handle at 1.
+    let task = unsafe { lua::lua_tonumber(l, 1) } as TaskId;
+    let _ = guard::catch(|| {
+        with_worker(|w| {
+            crate::ngx::log::debug(format_args!("task {task:#x} released by its caller"));
+            drop(w.tasks.release(task, Release::Timeout));
+        })
+    });
+    0
+}
