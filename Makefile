@@ -4,7 +4,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson libpcre3 \
 	libluajit2-5.1-dev libclang-dev clang pkg-config wrk \
-	imagemagick libmagickwand-6.q16-6 python3-prometheus-client dpkg-dev binutils
+	imagemagick libmagickwand-6.q16-6 python3-prometheus-client dpkg-dev binutils lua-check
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
 # As root, nginx would run its workers as nobody, who may not read a
@@ -30,9 +30,13 @@ build: deps
 test: build
 	cargo test --release -- --test-threads=2
 
-lint:
+# The project's Lua with luacheck (settings and globals in .luacheckrc).
+LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf
+
+lint: deps
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
+	luacheck --no-color $(LUA_SOURCES)
 
 # nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.
 run: build images

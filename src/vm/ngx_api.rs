@@ -77,7 +77,7 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::R
         .into_function()?;
     lua.load(include_str!("ngx_require.lua"))
         .set_name("=ngx_threadpool.require")
-        .call::<()>((&ngx, re_module, re_internal))?;
+        .call::<()>((re_module, re_internal))?;
     lua.globals().set("ngx", ngx)?;
     lua.globals().set("print", print)?;
     Ok(())

@@ -7,7 +7,7 @@
 -- loop). A searcher placed first answers for every `ngx.*` and
 -- `resty.core*` name: the thread's own API for the request-free modules, an
 -- error for the others. Every other module loads as on the event loop.
-local ngx, re_module_chunk, re_internal = ...
+local re_module_chunk, re_internal = ...
 
 local ffi = require "ffi"
 
