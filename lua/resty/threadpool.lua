@@ -410,10 +410,12 @@ local function push_batch(pool, ms, list)
 end
 
 -- The counters of worker/stats.rs, in its order, then two histograms of
--- (buckets, sum in µs) with these upper bounds in seconds.
+-- (buckets, sum in µs) with these upper bounds in seconds; the last one is
+-- written as Prometheus writes it, so that cjson's defaults (which refuse
+-- math.huge) encode the table.
 local COUNTERS = { "threads", "busy", "queued", "pushed", "completed",
                    "errors", "rejected", "timed_out", "abandoned" }
-local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, math.huge }
+local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
 local STATS_LEN = #COUNTERS + 2 * (#BOUNDS + 1)
 local stats_out = ffi_new("uint64_t[?]", STATS_LEN)
 
