@@ -141,8 +141,9 @@ deb: build
 # The package of MODULE, built into DEB_OUT without cargo (tests/package.rs
 # packages the module cargo test built). It depends on the nginx ABI of the
 # tree the module was built against (NGX_SRC, as Debian's dh_nginx reads
-# it), on the lua module it was built for (the module reads a private
-# layout of lua-nginx-module) and on the libraries the .so links; its
+# it), on the lua module it was built for (the module calls its functions
+# beyond the public API and reads the head of its compiled regex: see the
+# README's limits) and on the libraries the .so links; its
 # maintainer scripts are Debian's own for nginx modules (dh_nginx's, from
 # nginx-dev), which enable and disable the snippet.
 DEB_PKG := libnginx-mod-http-$(NAME)
