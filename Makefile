@@ -4,7 +4,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson libpcre3 \
 	libluajit2-5.1-dev libclang-dev clang pkg-config wrk \
-	imagemagick libmagickwand-6.q16-6 python3-prometheus-client dpkg-dev binutils
+	imagemagick libmagickwand-6.q16-6 python3-prometheus-client dpkg-dev binutils lua-check
 MODULE := target/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
 # As root, nginx would run its workers as nobody, who may not read a
@@ -30,9 +30,13 @@ build: deps
 test: build
 	cargo test --release -- --test-threads=2
 
-lint:
+# The project's Lua with luacheck (settings and globals in .luacheckrc).
+LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf
+
+lint: deps
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
+	luacheck --no-color $(LUA_SOURCES)
 
 # nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.
 run: build images
@@ -135,8 +139,9 @@ deb: build
 # The package of MODULE, built into DEB_OUT without cargo (tests/package.rs
 # packages the module cargo test built). It depends on the nginx ABI of the
 # tree the module was built against (NGX_SRC, as Debian's dh_nginx reads
-# it), on the lua module it was built for (the module reads a private
-# layout of lua-nginx-module) and on the libraries the .so links; its
+# it), on the lua module it was built for (the module calls its functions
+# beyond the public API and reads the head of its compiled regex: see the
+# README's limits) and on the libraries the .so links; its
 # maintainer scripts are Debian's own for nginx modules (dh_nginx's, from
 # nginx-dev), which enable and disable the snippet.
 DEB_PKG := libnginx-mod-http-$(NAME)

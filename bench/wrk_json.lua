@@ -1,6 +1,6 @@
 -- wrk script: after the run, prints its statistics as one JSON line
 -- prefixed with BENCH_JSON (latencies in microseconds) for bench/run.py.
-done = function(summary, latency, requests)
+done = function(summary, latency)
     local e = summary.errors
     io.write(string.format(
         'BENCH_JSON {"requests":%d,"duration_us":%d,"connect":%d,"read":%d,'

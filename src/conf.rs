@@ -56,6 +56,9 @@ pub struct MainConf {
     pub gate: Option<GateConf>,
     /// The gate's wake-up of paused workers (made at postconfiguration).
     pub nudge: Option<crate::ngx::accept::Nudge>,
+    /// lua-nginx-module's main VM, whose package paths the threads get
+    /// (found at postconfiguration; None under `nginx -t`).
+    pub lua_vm: Option<crate::ngx::lua::MainVm>,
 }
 
 /// The accept gate's marks as configured (None: derived from the threads).

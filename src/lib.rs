@@ -186,7 +186,8 @@ unsafe extern "C" fn init_main_conf(cf: *mut sys::ngx_conf_t, _conf: *mut c_void
     })
 }
 
-/// End of the http block: the shared table of every worker's counters.
+/// End of the http block: lua-nginx-module's VM and the shared table of
+/// every worker's counters.
 unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int_t {
     ngx::guard::no_unwind(
         "postconfiguration",
@@ -200,6 +201,8 @@ unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int
             if conf.pools.is_empty() {
                 return sys::NGX_OK as sys::ngx_int_t;
             }
+            // SAFETY: as above.
+            conf.lua_vm = ngx::lua::MainVm::of(unsafe { ngx::conf::Conf::from_raw(cf) });
             // SAFETY: as above.
             conf.status = unsafe { worker::stats::StatusTable::add(cf, conf.pools.len()) };
             if conf.status.is_none() {
@@ -249,8 +252,9 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             return sys::NGX_OK as sys::ngx_int_t;
         }
         ngx::os::bound_retained_memory();
-        // SAFETY: init_process runs on the event loop before any request.
-        let paths = unsafe { ngx::lua::package_paths(cycle) };
+        // SAFETY: init_process runs on the event loop of the VM's cycle
+        // before any request.
+        let paths = conf.lua_vm.and_then(|vm| unsafe { vm.package_paths() });
         let log = ngx::log::Log::cycle();
         // SAFETY: as above; the lua module is loaded before this module.
         let ngx_env = unsafe {

@@ -270,21 +270,29 @@ fn factory_chunk_returning_non_function_is_logged_and_tasks_fail() {
     n.assert_clean_log();
 }
 
-/// `require` in a thread finds Lua modules on lua_package_path and C
-/// modules on the default cpath.
+/// `require` in a thread finds Lua modules on lua_package_path and on
+/// what init_by_lua added to package.path (which, with a shared dict, runs
+/// after the configuration is read), and C modules on lua_package_cpath
+/// (only there: cjson.so is linked into conf/lib/).
 #[test]
 fn require_finds_lua_and_c_modules() {
     let http = format!(
         r#"
     lua_package_path "$prefix/conf/?.lua;{repo}/lua/?.lua;;";
+    lua_package_cpath "$prefix/conf/lib/?.so";
+    lua_shared_dict d 64k;
+    init_by_lua_block {{
+        package.path = ngx.config.prefix() .. "conf/late/?.lua;" .. package.path
+    }}
     thread_pool_process_by_lua rpool "
         local mine = require 'mymod'
         local cjson = require 'cjson'
-        return mine.hello(...), cjson.encode({{ a = {{ 1, 2 }} }})
+        return mine.hello(...) .. require 'latemod', cjson.encode({{ a = {{ 1, 2 }} }})
     ";
     server {{ listen 127.0.0.1:$PORT; location / {{ content_by_lua_block {{
         local tp = require "resty.threadpool"
-        ngx.say((assert(tp.rpool:push_task("you"))))
+        local res, err = tp.rpool:push_task("you")
+        ngx.say(res or err)
         ngx.say(select(2, tp.rpool:push_task("you")))
     }} }} }}
 "#,
@@ -297,7 +305,18 @@ fn require_finds_lua_and_c_modules() {
         &http,
         &[("mymod.lua", mymod)],
     );
-    assert_eq!(n.get("/").text(), "hello you\n{\"a\":[1,2]}\n");
+    // found when the task requires them
+    let conf = n.dir.join("conf");
+    std::fs::create_dir(conf.join("lib")).unwrap();
+    let cjson = std::fs::read_dir("/usr/lib")
+        .unwrap()
+        .map(|e| e.unwrap().path().join("lua/5.1/cjson.so"))
+        .find(|p| p.exists())
+        .expect("lua-cjson's cjson.so");
+    std::os::unix::fs::symlink(cjson, conf.join("lib/cjson.so")).unwrap();
+    std::fs::create_dir(conf.join("late")).unwrap();
+    std::fs::write(conf.join("late/latemod.lua"), "return '!'\n").unwrap();
+    assert_eq!(n.get("/").text(), "hello you!\n{\"a\":[1,2]}\n");
     n.assert_clean_log();
 }
 

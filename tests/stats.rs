@@ -54,6 +54,20 @@ const HTTP: &str = r#"
                 ngx.exit(200)
             }
         }
+        location /json {
+            content_by_lua_block {
+                local cjson = require "cjson"
+                local tp = require "resty.threadpool"
+                local ok, json = pcall(cjson.encode, assert(tp.st:stats()))
+                if not ok then
+                    return ngx.print(json)
+                end
+                local s = cjson.decode(json)
+                local last = s.run.buckets[#s.run.buckets]
+                ngx.print(#s.run.buckets, " ", s.wait.buckets[1].le, " ", last.le, " ",
+                          tonumber(last.le) == math.huge, " ", s.pushed)
+            }
+        }
         location /stats {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
@@ -101,5 +115,15 @@ fn counters_after_a_known_workload() {
          rejected=1 timed_out=1 abandoned=1 wait.count=12 wait.le1=12 \
          wait.in(0.1,1]=1 wait.sum>0=true run.count=12 run.le1=12 run.in(0.1,1]=3 run.sum>0=true"
     );
+    ngx.assert_clean_log();
+}
+
+/// With cjson's defaults, which refuse infinities: the last bucket's bound
+/// is "+Inf", which tonumber() reads as math.huge.
+#[test]
+fn stats_encode_as_json() {
+    let ngx = Nginx::start("thread_pool st threads=1;", HTTP);
+    assert_eq!(ngx.get("/run?op=ok").text(), "ok");
+    assert_eq!(ngx.get("/json").text(), "8 1e-05 +Inf true 1");
     ngx.assert_clean_log();
 }

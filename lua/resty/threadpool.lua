@@ -63,7 +63,8 @@ local DEFAULT_TIMEOUT = 60      -- seconds
 local MAX_TIMEOUT_MS = 2147483647
 
 local function timeout_ms(seconds)
-    if type(seconds) ~= "number" or not (seconds > 0) then
+    -- seconds ~= seconds: NaN, which every comparison lets through
+    if type(seconds) ~= "number" or seconds ~= seconds or seconds <= 0 then
         error("bad timeout: expected a number of seconds > 0", 3)
     end
     local ms = floor(seconds * 1000)
@@ -154,11 +155,13 @@ local function push_batch(pool, ms, list)
 end
 
 -- The counters of worker/stats.rs, in its order, then two histograms of
--- (buckets, sum in µs) with these upper bounds in seconds.
+-- (buckets, sum in µs) with these upper bounds in seconds; the last one is
+-- written as Prometheus writes it, so that cjson's defaults (which refuse
+-- math.huge) encode the table.
 local COUNTERS = { "threads", "busy", "queued", "pushed", "completed",
                    "errors", "rejected", "timed_out", "abandoned",
                    "cancelled" }
-local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, math.huge }
+local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
 local STATS_LEN = #COUNTERS + 2 * (#BOUNDS + 1)
 local stats_out = ffi_new("uint64_t[?]", STATS_LEN)
 

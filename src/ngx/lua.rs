@@ -2,6 +2,7 @@
 //! its semaphores (to resume a waiting coroutine from the event loop) and
 //! its main Lua VM (to give pool threads the same package paths).
 
+use super::conf::Conf;
 use super::lua_symbols::{get as lua_module, RawSema};
 use super::sys;
 use mlua::ffi as lua;
@@ -105,40 +106,50 @@ impl Drop for Sema {
     }
 }
 
-/// The main VM's `package.path` and `package.cpath`, as lua_package_path and
-/// lua_package_cpath made them. None when the lua module has no VM.
-///
-/// # Safety
-/// Event-loop thread, with no Lua code running (init_process).
-pub unsafe fn package_paths(cycle: *mut sys::ngx_cycle_t) -> Option<(Vec<u8>, Vec<u8>)> {
-    // The first field of lua-nginx-module's main conf is its lua_State*
-    // (ngx_http_lua_main_conf_t, unchanged since 0.9).
-    // SAFETY: the caller vouches for cycle; the lua module is linked.
-    let l = unsafe {
-        let lmcf =
-            super::conf::http_main_conf(cycle, lua_module().module) as *const *mut lua::lua_State;
-        if lmcf.is_null() || (*lmcf).is_null() {
-            return None;
-        }
-        *lmcf
-    };
-    let field = |name: &CStr| -> Option<Vec<u8>> {
-        // SAFETY: l is the lua module's main state; the stack is restored.
-        unsafe {
-            let top = lua::lua_gettop(l);
-            lua::lua_getfield(l, lua::LUA_GLOBALSINDEX, c"package".as_ptr());
-            let mut out = None;
-            if lua::lua_type(l, -1) == lua::LUA_TTABLE {
-                lua::lua_getfield(l, -1, name.as_ptr());
-                let mut len = 0;
-                let s = lua::lua_tolstring(l, -1, &mut len);
-                if !s.is_null() {
-                    out = Some(std::slice::from_raw_parts(s as *const u8, len).to_vec());
+/// lua-nginx-module's main Lua VM of one configuration (cycle), found
+/// while it is read and used once it is running.
+#[derive(Clone, Copy)]
+pub struct MainVm(NonNull<lua::lua_State>);
+
+impl MainVm {
+    /// The VM of the configuration being read, from the lua module's
+    /// public API. It exists from the lua module's postconfiguration
+    /// (which runs before ours: see lua_symbols::link) until the cycle's
+    /// pool is destroyed; None under `nginx -t` or `-s`, where the lua
+    /// module makes none.
+    pub fn of(cf: Conf) -> Option<MainVm> {
+        // SAFETY: cf is a configuration being read whose http block has
+        // the lua module's main conf (link() checked the module is there).
+        NonNull::new(unsafe { (lua_module().get_global_state)(cf.raw()) }).map(MainVm)
+    }
+
+    /// Its `package.path` and `package.cpath` now: as lua_package_path and
+    /// lua_package_cpath made them, with what init_by_lua and
+    /// init_worker_by_lua changed when read at init_process.
+    ///
+    /// # Safety
+    /// Event-loop thread of the VM's cycle, with no Lua code running.
+    pub unsafe fn package_paths(self) -> Option<(Vec<u8>, Vec<u8>)> {
+        let l = self.0.as_ptr();
+        let field = |name: &CStr| -> Option<Vec<u8>> {
+            // SAFETY: l is the lua module's main state, alive and idle (the
+            // caller vouches); the stack is restored.
+            unsafe {
+                let top = lua::lua_gettop(l);
+                lua::lua_getfield(l, lua::LUA_GLOBALSINDEX, c"package".as_ptr());
+                let mut out = None;
+                if lua::lua_type(l, -1) == lua::LUA_TTABLE {
+                    lua::lua_getfield(l, -1, name.as_ptr());
+                    let mut len = 0;
+                    let s = lua::lua_tolstring(l, -1, &mut len);
+                    if !s.is_null() {
+                        out = Some(std::slice::from_raw_parts(s as *const u8, len).to_vec());
+                    }
                 }
+                lua::lua_settop(l, top);
+                out
             }
-            lua::lua_settop(l, top);
-            out
-        }
-    };
-    Some((field(c"path")?, field(c"cpath")?))
+        };
+        Some((field(c"path")?, field(c"cpath")?))
+    }
 }

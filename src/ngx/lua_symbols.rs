@@ -25,6 +25,10 @@ type Inject = unsafe extern "C" fn(l: *mut lua_State);
 /// FFI functions are those lua-resty-core declares).
 pub struct LuaModule {
     pub module: *const sys::ngx_module_t,
+    /// Its public API for other modules (api/ngx_http_lua_api.h): the main
+    /// VM of the configuration `cf` belongs to, null before the lua
+    /// module's postconfiguration made it (and under `nginx -t`).
+    pub get_global_state: unsafe extern "C" fn(cf: *mut sys::ngx_conf_t) -> *mut lua_State,
     pub sema_new:
         unsafe extern "C" fn(psem: *mut *mut RawSema, n: c_int, err: *mut *const c_char) -> c_int,
     pub sema_post: unsafe extern "C" fn(sem: *mut RawSema, n: c_int) -> c_int,
@@ -111,10 +115,11 @@ pub fn link(cf: Conf) -> Result<(), String> {
     // The list's order is not the load order (the lua module places itself
     // among nginx's filters), but indexes are: nginx gives each module the
     // lowest free one as it loads it when it starts (and under -t); a
-    // reload keeps them. The lua module's hooks must run first (its VM and
-    // package paths are read at init_process), which its placement happens
-    // to give either way: the order is enforced so that it never depends
-    // on that.
+    // reload keeps them. The lua module's hooks must run first (its
+    // postconfiguration makes the VM that ours looks up, its init_process
+    // runs init_worker_by_lua before ours reads the package paths), which
+    // its placement happens to give either way: the order is enforced so
+    // that it never depends on that.
     // SAFETY: both are module records nginx has registered (above).
     if unsafe { module::own().as_ref() }.is_some_and(|own| own.index < unsafe { (*lua).index }) {
         return Err(format!(
@@ -150,6 +155,7 @@ fn resolve(module: *const sys::ngx_module_t) -> Result<LuaModule, String> {
     unsafe {
         Ok(LuaModule {
             module,
+            get_global_state: f(c"ngx_http_lua_get_global_state")?,
             sema_new: f(c"ngx_http_lua_ffi_sema_new")?,
             sema_post: f(c"ngx_http_lua_ffi_sema_post")?,
             sema_wait: f(c"ngx_http_lua_ffi_sema_wait")?,

@@ -25,8 +25,10 @@ local getinfo = debug.getinfo
 local getfenv = debug.getfenv
 local getmetatable = debug.getmetatable
 
+-- ngx_tp_ names only (see ngx_api.rs).
 ffi.cdef [[
-int snprintf(char *str, size_t size, const char *format, ...);
+int ngx_tp_snprintf(char *str, size_t size, const char *format, ...)
+    asm("snprintf");
 ]]
 
 local log_write = prim.log_write
@@ -41,7 +43,7 @@ local function number_text(n)
     if n == floor(n) and n >= -2147483648 and n <= 2147483647 then
         return format("%d", n)
     end
-    return ffi_str(num_buf, C.snprintf(num_buf, 32, "%.14g", n))
+    return ffi_str(num_buf, C.ngx_tp_snprintf(num_buf, 32, "%.14g", n))
 end
 
 -- The name the caller used for the function `level` frames up from here

@@ -2,6 +2,13 @@
 //! (ngx::lua_api), ngx.log and print (ngx.lua), the request-free API over the
 //! lua module's FFI functions (ngx_thread_api.lua) and errors for the rest
 //! (ngx_unavailable.lua).
+//!
+//! A LuaJIT state has one C namespace, where the first `ffi.cdef` of a name
+//! wins. So that user code may declare any C name with its own types, as it
+//! may on the event loop, these chunks declare only `ngx_tp_` names (libc
+//! functions renamed with `asm("symbol")`) and lua-resty-core's own
+//! declarations of the lua module's functions, which the event loop has
+//! too (tests/ffi_namespace.rs).
 
 use crate::ngx::log::{Log, NGX_LOG_DEBUG};
 use crate::ngx::lua_api::{self, LuaConf, WorkerInfo};
@@ -70,7 +77,7 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::R
         .into_function()?;
     lua.load(include_str!("ngx_require.lua"))
         .set_name("=ngx_threadpool.require")
-        .call::<()>((&ngx, re_module, re_internal))?;
+        .call::<()>((re_module, re_internal))?;
     lua.globals().set("ngx", ngx)?;
     lua.globals().set("print", print)?;
     Ok(())

@@ -7,7 +7,7 @@
 -- loop). A searcher placed first answers for every `ngx.*` and
 -- `resty.core*` name: the thread's own API for the request-free modules, an
 -- error for the others. Every other module loads as on the event loop.
-local ngx, re_module_chunk, re_internal = ...
+local re_module_chunk, re_internal = ...
 
 local ffi = require "ffi"
 
@@ -21,24 +21,26 @@ local insert = table.insert
 -- lua-resty-core's version, which its modules return as `version`.
 local VERSION = "0.1.25"
 
+-- ngx_tp_ names only (see ngx_api.rs).
 ffi.cdef [[
 typedef struct {
     long tv_sec;
     long tv_nsec;
 } ngx_tp_timespec;
-int clock_gettime(int clk_id, ngx_tp_timespec *tp);
+int ngx_tp_clock_gettime(int clk_id, ngx_tp_timespec *tp)
+    asm("clock_gettime");
 ]]
 
 local CLOCK_MONOTONIC = 1
 local ts = ffi.new("ngx_tp_timespec")
 
 local function monotonic_msec()
-    C.clock_gettime(CLOCK_MONOTONIC, ts)
+    C.ngx_tp_clock_gettime(CLOCK_MONOTONIC, ts)
     return tonumber(ts.tv_sec) * 1000 + floor(tonumber(ts.tv_nsec) / 1000000)
 end
 
 local function monotonic_time()
-    C.clock_gettime(CLOCK_MONOTONIC, ts)
+    C.ngx_tp_clock_gettime(CLOCK_MONOTONIC, ts)
     return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) / 1e9
 end
 
