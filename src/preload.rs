@@ -41,6 +41,9 @@ const ANCHORS: c_int = lua::lua_upvalueindex(1);
 const N_KEY: c_int = lua::lua_upvalueindex(2);
 
 /// The loader `require "ngx_threadpool"` runs: the table of functions.
+///
+/// # Safety
+/// Called by Lua, as a lua_CFunction, on the event loop.
 pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
     let functions: [(&CStr, F); 7] = [

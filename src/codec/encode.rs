@@ -175,9 +175,11 @@ impl<'a, 'c> Values<'a, 'c> {
     /// Runs `f` on value `pos` (1-based).
     fn with<R>(&self, pos: usize, f: impl FnOnce(Slot<'a, Ctx<'c>>) -> R) -> R {
         match self.src {
-            // SAFETY: the caller of new vouched for the values at src.
             Source::Stack(first) => {
-                f(unsafe { Slot::new(self.l, first + pos as c_int - 1, self.ctx) })
+                let idx = first + pos as c_int - 1;
+                // SAFETY: the caller of new vouched for the values at src.
+                let v = unsafe { Slot::new(self.l, idx, self.ctx) };
+                f(v)
             }
             Source::Array(table) => {
                 // SAFETY: as above; pos <= MAX_VALUES fits a c_int.

@@ -210,7 +210,7 @@ impl Worker {
         let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
-        let n = args.len() as u64;
+        let n = args.count() as u64;
         if pool.stats.queued.load(Ordering::Relaxed) + n > pool.max_queue as u64 {
             pool.stats.rejected.fetch_add(n, Ordering::Relaxed);
             return Err(WorkerError::QueueFull);
@@ -227,7 +227,7 @@ impl Worker {
         }
         pool.stats.queued.fetch_add(n, Ordering::Relaxed);
         // As many threads as there are tasks share them (work.rs).
-        for _ in 0..pool.threads.len().min(work.len()) {
+        for _ in 0..pool.threads.len().min(work.count()) {
             if jobs.send(work.clone()).is_err() {
                 pool.stats.queued.fetch_sub(n, Ordering::Relaxed);
                 if task != POSTED {
@@ -261,7 +261,7 @@ impl Worker {
     /// Takes every completion posted so far (called on wake-up).
     pub fn drain(&mut self) {
         while let Ok(work) = self.completions.try_recv() {
-            gate::tasks_finished(work.len());
+            gate::tasks_finished(work.count());
             // results nobody wants are dropped (and their pins let go of)
             drop(self.tasks.complete(work));
         }

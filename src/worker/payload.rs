@@ -20,7 +20,7 @@ pub struct Args {
 
 impl Args {
     /// The number of tasks.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.ends.len()
     }
 
@@ -38,7 +38,7 @@ impl Args {
     /// Bytes of the borrowed strings, per task: they count as handled
     /// like copied ones.
     pub fn borrowed_per_task(&self) -> usize {
-        self.spans.iter().map(|s| s.len).sum::<usize>() / self.len().max(1)
+        self.spans.iter().map(|s| s.len).sum::<usize>() / self.count().max(1)
     }
 }
 

@@ -42,7 +42,7 @@ pub type Job = Arc<Work>;
 
 impl Work {
     pub fn new(task: TaskId, args: Args) -> Job {
-        let n = args.len();
+        let n = args.count();
         Arc::new(Work {
             task,
             args,
@@ -55,14 +55,14 @@ impl Work {
     }
 
     /// The number of tasks.
-    pub fn len(&self) -> usize {
-        self.args.len()
+    pub fn count(&self) -> usize {
+        self.args.count()
     }
 
     /// The next task this thread runs, None once every one was claimed.
     pub fn claim(&self) -> Option<usize> {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
-        (i < self.len()).then_some(i)
+        (i < self.count()).then_some(i)
     }
 
     pub fn cancel(&self) {

@@ -1,16 +1,41 @@
-//! Values that cannot cross and payloads that are wrong: the same
-//! messages as codec.lua, never a panic; and the codec's speed.
+//! Values that cannot cross and payloads that are wrong: the messages
+//! the caller gets (README, "Values that cross"), never a panic; and the
+//! codec's speed.
 
 use super::*;
 
 fn err_of(lua: &Lua, code: &str, what: &str) -> Result<String, Box<dyn std::error::Error>> {
     let vals = eval(lua, &format!("return {code}"))?;
-    let mut out = vec![0xaa];
-    let err = encode_values(&vals, &mut out, what).expect_err(code);
-    assert_eq!(out, [0xaa], "output not restored after error");
-    let lua_err = lua_encode(lua, &vals, what)?.expect_err(code);
-    assert_eq!(err, lua_err, "Rust and Lua disagree on {code}");
-    Ok(err)
+    err_of_values(lua, &vals, what)
+}
+
+/// The error encoding `vals` gives, the same from the stack and from an
+/// array, borrowing or not; the output and spans are left as they were.
+fn err_of_values(
+    lua: &Lua,
+    vals: &MultiValue,
+    what: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let kept = Span::of(b"kept");
+    let borrow = Borrow {
+        min: 1,
+        nested: true,
+    };
+    let mut errs = Vec::new();
+    for (place, borrow) in [
+        (Place::Stack, None),
+        (Place::Array, None),
+        (Place::Stack, Some(borrow)),
+    ] {
+        let (mut out, mut spans) = (vec![0xaa], vec![kept]);
+        let err =
+            write(lua, vals, place, what, borrow, &mut out, &mut spans).expect_err("an error");
+        assert_eq!(out, [0xaa], "output not restored after error");
+        assert_eq!(spans.len(), 1, "spans not restored after error");
+        errs.push(err);
+    }
+    assert!(errs.iter().all(|e| *e == errs[0]), "{errs:?}");
+    Ok(errs.swap_remove(0))
 }
 
 #[test]
@@ -181,13 +206,8 @@ fn rust_only_error_values() -> R {
         ),
     ];
     for (v, want) in cases {
-        assert_eq!(rust_encode(&mv(vec![v]), "argument").unwrap_err(), want);
+        assert_eq!(err_of_values(&lua, &mv(vec![v]), "argument")?, want);
     }
-    // A non-NULL light userdata made in Rust fails in Lua the same way.
-    assert_eq!(
-        lua_encode(&lua, &mv(vec![light]), "argument")?.unwrap_err(),
-        "cannot pass userdata in argument #1"
-    );
     Ok(())
 }
 
@@ -197,8 +217,24 @@ fn too_big() -> R {
     // One string exactly filling the limit: 3 header bytes + bin32 header.
     let fits = "string.rep('x', 16 * 1024 * 1024 - 8)";
     let vals = eval(&lua, &format!("return {fits}"))?;
-    assert_eq!(rust_encode(&vals, "argument")?.len(), MAX_PAYLOAD);
-    assert_eq!(lua_encode(&lua, &vals, "argument")??.len(), MAX_PAYLOAD);
+    assert_eq!(encode(&lua, &vals, "argument")?.len(), MAX_PAYLOAD);
+    // Borrowed, it counts as if copied: it still fits, one more byte
+    // would not (err_of borrows too).
+    let (mut out, mut spans) = (Vec::new(), Vec::new());
+    let borrow = Borrow {
+        min: 1,
+        nested: false,
+    };
+    let borrowed = write(
+        &lua,
+        &vals,
+        Place::Stack,
+        "argument",
+        Some(borrow),
+        &mut out,
+        &mut spans,
+    )?;
+    assert_eq!((borrowed, out.len()), (1, 9));
 
     let over = "string.rep('x', 16 * 1024 * 1024 - 7)";
     assert_eq!(
@@ -235,7 +271,7 @@ fn too_many_values() -> R {
     let lua = new_lua()?;
     let vals = eval(&lua, "return unpack({}, 1, 4096)")?;
     assert_eq!(vals.len(), MAX_VALUES);
-    rust_roundtrip(&lua, &vals)?;
+    roundtrip(&lua, &vals, "argument")?;
     let err = err_of(&lua, "unpack({}, 1, 4097)", "argument")?;
     assert_eq!(err, "too many arguments (max 4096)");
     Ok(())
@@ -245,9 +281,7 @@ fn too_many_values() -> R {
 fn depth_limit() -> R {
     let lua = new_lua()?;
     let ok = eval(&lua, "return nest(100, 1)")?;
-    rust_roundtrip(&lua, &ok)?;
-    let bytes = rust_encode(&ok, "argument")?;
-    assert!(lua_decode(&lua, &bytes)?.is_ok());
+    roundtrip(&lua, &ok, "argument")?;
     assert_eq!(
         err_of(&lua, "nest(101, 1)", "argument")?,
         format!(
@@ -255,20 +289,18 @@ fn depth_limit() -> R {
             "[1]".repeat(100)
         )
     );
-    // A hand-made payload one level deeper is refused by both decoders.
+    // A hand-made payload one level deeper is refused by the decoder.
     let mut deep = vec![0x01, 0x81, 0x01];
-    deep.extend(std::iter::repeat_n(0x91, 101));
+    deep.extend(std::iter::repeat_n(0x91, 100));
+    let mut deeper = deep.clone();
     deep.push(0x01);
-    let err = decode_values(&lua, &deep).unwrap_err();
-    assert!(err.starts_with("bad payload: "), "{err}");
-    assert!(lua_decode(&lua, &deep)?
-        .unwrap_err()
-        .starts_with("bad payload: "));
+    assert!(decode(&lua, &deep).is_ok());
+    deeper.extend([0x91, 0x01]);
+    let err = decode(&lua, &deeper).unwrap_err();
+    assert_eq!(err, "bad payload: tables nested deeper than 100");
     Ok(())
 }
 
-/// Values built in Lua; each must encode to the same bytes on both sides
-/// and decode on both sides to equal values.
 /// Tiny deterministic PRNG, to avoid a dev-dependency.
 struct Lcg(u64);
 
@@ -282,10 +314,23 @@ impl Lcg {
     }
 }
 
-fn assert_bad(r: &Result<MultiValue, String>, bytes: &[u8]) {
-    if let Err(e) = r {
-        assert!(e.starts_with("bad payload: "), "{e} for {bytes:02x?}");
+/// Decodes `bytes` twice: checked alone (`codec::decode`, outside any
+/// panic guard, so that a panic fails the test) and pushed; both must
+/// agree, and a refusal must be a bad payload.
+fn decode_checked(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
+    // SAFETY: no spans.
+    let checked = unsafe { codec::decode(bytes, &[]) }.map(|d| d.n);
+    let pushed = decode(lua, bytes);
+    match (&checked, &pushed) {
+        (Ok(n), Ok(vals)) => assert_eq!(*n, vals.len(), "{bytes:02x?}"),
+        (Err(e), Err(text)) => {
+            assert!(matches!(e, CodecError::BadPayload(_)), "{e:?}");
+            assert_eq!(e.to_string(), *text, "{bytes:02x?}");
+            assert!(text.starts_with("bad payload: "), "{text} for {bytes:02x?}");
+        }
+        _ => panic!("decode and push_values disagree on {bytes:02x?}: {checked:?}, {pushed:?}"),
     }
+    pushed
 }
 
 #[test]
@@ -296,30 +341,24 @@ fn garbage_never_panics() -> R {
         r#"return 1, nil, "str", {1, 2.5, {a = {true, false, null}}, [{1}] = "k"},
                  -70000, 2^40, ("s"):rep(300)"#,
     )?;
-    let valid = rust_encode(&sample, "argument")?;
+    let valid = encode(&lua, &sample, "argument")?;
 
-    // Every strict prefix is truncated, hence refused by both sides.
+    // Every strict prefix is truncated, hence refused.
     for len in 0..valid.len() {
-        let r = decode_values(&lua, &valid[..len]);
-        assert!(r.is_err(), "prefix {len} accepted");
-        assert_bad(&r, &valid[..len]);
-        assert!(lua_decode(&lua, &valid[..len])?
-            .unwrap_err()
-            .starts_with("bad payload: "));
+        assert!(
+            decode_checked(&lua, &valid[..len]).is_err(),
+            "prefix {len} accepted"
+        );
     }
     let mut trailing = valid.clone();
     trailing.push(0);
     assert_eq!(
-        decode_values(&lua, &trailing).unwrap_err(),
-        "bad payload: trailing bytes"
-    );
-    assert_eq!(
-        lua_decode(&lua, &trailing)?.unwrap_err(),
+        decode_checked(&lua, &trailing).unwrap_err(),
         "bad payload: trailing bytes"
     );
 
-    // Mutated and random payloads: never a panic or a Lua error, and both
-    // decoders accept the same ones, with the same values.
+    // Mutated and random payloads: never a panic or a Lua error; what is
+    // accepted is values that cross again unchanged.
     let fixed: &[&[u8]] = &[
         b"",
         &[0xff],
@@ -339,6 +378,7 @@ fn garbage_never_panics() -> R {
         ],
         &[0x01, 0x81, 0x01, 0x91],
         &[0x01, 0x90],
+        &[0x01, 0x81, 0x01, 0xd6, 0x01, 0, 0, 0, 0],
     ];
     let mut rng = Lcg(0x5eed);
     let mut inputs: Vec<Vec<u8>> = fixed.iter().map(|b| b.to_vec()).collect();
@@ -363,18 +403,9 @@ fn garbage_never_panics() -> R {
     }
     let mut accepted = 0;
     for b in &inputs {
-        let r = decode_values(&lua, b);
-        assert_bad(&r, b);
-        let l = lua_decode(&lua, b)?;
-        match (&r, &l) {
-            (Ok(vals), Ok(t)) => {
-                accepted += 1;
-                let eq: bool =
-                    global_fn(&lua, "packed_eq")?.call((packed(&lua, vals)?, t.clone()))?;
-                assert!(eq, "decoders differ on {b:02x?}");
-            }
-            (Err(_), Err(e)) => assert!(e.starts_with("bad payload: "), "{e}"),
-            _ => panic!("decoders disagree on {b:02x?}: rust {r:?}, lua {l:?}"),
+        if let Ok(vals) = decode_checked(&lua, b) {
+            accepted += 1;
+            roundtrip(&lua, &vals, "argument").map_err(|e| format!("{b:02x?}: {e}"))?;
         }
     }
     assert!(
@@ -386,10 +417,10 @@ fn garbage_never_panics() -> R {
 
 #[test]
 fn raw_stack_edge_cases() -> R {
-    // What the raw-stack walk and build must get right as mlua did: keys
-    // that only look like numbers, metamethods (ignored: access is raw),
-    // mixed array and hash parts, and nesting through keys and values to
-    // the limit, also under the most values a payload can hold.
+    // What the raw-stack walk and build must get right: keys that only
+    // look like numbers, metamethods (ignored: access is raw), mixed array
+    // and hash parts, and nesting through keys and values to the limit,
+    // also under the most values a payload can hold.
     let lua = new_lua()?;
     lua.load(
         r#"
@@ -416,9 +447,7 @@ fn raw_stack_edge_cases() -> R {
     ];
     for code in cases {
         let vals = eval(&lua, &format!("return {code}"))?;
-        let rust = rust_encode(&vals, "argument").map_err(|e| format!("{code}: {e}"))?;
-        assert!(rust == lua_encode(&lua, &vals, "argument")??, "{code}");
-        rust_roundtrip(&lua, &vals).map_err(|e| format!("{code}: {e}"))?;
+        roundtrip(&lua, &vals, "argument").map_err(|e| format!("{code}: {e}"))?;
     }
     assert_eq!(
         err_of(&lua, "keys_and_values(101)", "argument")?,
@@ -433,23 +462,24 @@ fn raw_stack_edge_cases() -> R {
         0x01, 0x81, 0x01, 0x81, 0xcb, 0x7f, 0xf8, 0, 0, 0, 0, 0, 0, 0x01,
     ];
     assert_eq!(
-        decode_values(&lua, &nil_key).unwrap_err(),
+        decode(&lua, &nil_key).unwrap_err(),
         "bad payload: nil table key"
     );
     assert_eq!(
-        decode_values(&lua, &nan_key).unwrap_err(),
+        decode(&lua, &nan_key).unwrap_err(),
         "bad payload: NaN table key"
     );
     Ok(())
 }
 
-/// Speed of both directions on typical payloads; prints µs per call, the
-/// minimum over several runs since the machine is shared.  Run with
+/// Speed of both directions on typical payloads: µs per call of
+/// write_values and of push_values, each timed in a loop inside one
+/// protected call (so without mlua's conversions); the minimum over
+/// several runs since the machine is shared.  Run with
 /// `cargo test --release --lib -- --ignored codec_speed --nocapture`.
 #[test]
 #[ignore]
 fn codec_speed() -> R {
-    use std::time::Instant;
     let lua = new_lua()?;
     let cases = [
         ("16 B string", "('x'):rep(16)"),
@@ -474,24 +504,14 @@ fn codec_speed() -> R {
     ];
     for (name, code) in cases {
         let vals = eval(&lua, &format!("return {code}"))?;
-        let bytes = rust_encode(&vals, "argument")?;
+        let bytes = encode(&lua, &vals, "argument")?;
         // About 20 ms per run at the measured speed.
         let iters = (2_000_000 / bytes.len().max(100)).clamp(20, 20_000);
-        let mut out = Vec::new();
-        let mut enc = f64::MAX;
-        let mut dec = f64::MAX;
+        let (mut enc, mut dec) = (f64::MAX, f64::MAX);
         for _ in 0..7 {
-            let t = Instant::now();
-            for _ in 0..iters {
-                out.clear();
-                encode_values(&vals, &mut out, "argument")?;
-            }
-            enc = enc.min(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
-            let t = Instant::now();
-            for _ in 0..iters {
-                decode_values(&lua, &bytes)?;
-            }
-            dec = dec.min(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+            let (e, d) = time_codec(&lua, &vals, &bytes, iters)?;
+            enc = enc.min(e);
+            dec = dec.min(d);
         }
         println!(
             "codec_speed {name:>26} ({:>6} B): encode {enc:>9.2} µs  decode {dec:>9.2} µs",
@@ -499,4 +519,56 @@ fn codec_speed() -> R {
         );
     }
     Ok(())
+}
+
+/// µs per write_values of `vals` and per push_values of `bytes`, over
+/// `iters` calls each.
+fn time_codec(
+    lua: &Lua,
+    vals: &MultiValue,
+    bytes: &[u8],
+    iters: usize,
+) -> mlua::Result<(f64, f64)> {
+    use std::time::Instant;
+    let n = vals.len();
+    let (mut enc, mut dec) = (0.0, 0.0);
+    let mut failed = None;
+    // SAFETY: exec_raw runs the closure protected, where both calls may
+    // raise, with the n values at 1..=n; the decoded values are popped
+    // after each push.
+    unsafe {
+        lua.exec_raw::<()>(vals.clone(), |l| {
+            let (mut out, mut spans) = (Vec::new(), Vec::new());
+            let t = Instant::now();
+            for _ in 0..iters {
+                out.clear();
+                if let Err(e) = write_values(
+                    l,
+                    Source::Stack(1),
+                    n,
+                    "argument",
+                    None,
+                    &mut out,
+                    &mut spans,
+                ) {
+                    failed = Some(e);
+                }
+            }
+            enc = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            let top = ffi::lua_gettop(l);
+            let t = Instant::now();
+            for _ in 0..iters {
+                if let Err(e) = push_values(l, bytes, &[]) {
+                    failed = Some(e);
+                }
+                ffi::lua_settop(l, top);
+            }
+            dec = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            ffi::lua_settop(l, 0);
+        })
+    }?;
+    match failed {
+        Some(e) => Err(mlua::Error::runtime(e)),
+        None => Ok((enc, dec)),
+    }
 }

@@ -1,31 +1,21 @@
-//! The codec against the event loop's codec.lua: values that cross
-//! (values.rs), values and payloads that do not (errors.rs).
+//! The codec on raw Lua stacks, as the shim and the pool threads call it:
+//! values that cross (values.rs), values and payloads that do not
+//! (errors.rs). Values are handed to it through mlua's `exec_raw` and
+//! compared in Lua.
 
 mod errors;
 mod values;
 
 use super::message::format_g14;
 use super::*;
-use mlua::{Function, IntoLua, LightUserData, LuaString};
-use mlua::{Lua, MultiValue, Table, Value};
+use mlua::{ffi, Function, LightUserData, Lua, LuaString, MultiValue, Table, Value};
+use std::ffi::c_int;
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
-/// Test-side Lua: the event-loop codec plus comparison helpers.
+/// Test-side Lua: comparisons and a builder of nested tables.
 const HELPERS: &str = r##"
     ffi = require "ffi"
-    codec = require "resty.threadpool.codec"
-    null = codec.null
-    local buffer = require "string.buffer"
-
-    function lua_encode(what, ...)
-        local b = buffer.new()
-        local ok, err = codec.encode(b, what, select("#", ...), ...)
-        if not ok then
-            return nil, err
-        end
-        return b:tostring()
-    end
 
     function pack(...)
         return { n = select("#", ...), ... }
@@ -87,20 +77,6 @@ const HELPERS: &str = r##"
         return true
     end
 
-    -- Decodes s as the shim does; returns a packed table, or nil, err.
-    function lua_decode(s)
-        local p = ffi.cast("const char *", s)
-        local r = pack(codec.decode_results(p, #s))
-        if not r[1] then
-            return nil, r[2]
-        end
-        local v = { n = r.n - 1 }
-        for i = 1, v.n do
-            v[i] = r[i + 1]
-        end
-        return v
-    end
-
     function nest(n, leaf)
         local t = { leaf }
         for _ = 2, n do
@@ -110,20 +86,11 @@ const HELPERS: &str = r##"
     end
 "##;
 
+/// A state with ffi, as a pool thread's, plus the helpers and `null`:
+/// the NULL light userdata that ngx.null is.
 fn new_lua() -> mlua::Result<Lua> {
-    new_lua_with("")
-}
-
-/// `prelude` runs before the codec is required.
-fn new_lua_with(prelude: &str) -> mlua::Result<Lua> {
-    // codec.lua needs the ffi library, as a pool thread's state has it
     let lua = crate::lua::scratch_state();
-    let dir = env!("CARGO_MANIFEST_DIR");
-    lua.load(format!(
-        "package.path = [[{dir}/lua/?.lua;]] .. package.path"
-    ))
-    .exec()?;
-    lua.load(prelude).exec()?;
+    lua.globals().set("null", Value::NULL)?;
     lua.load(HELPERS).exec()?;
     Ok(lua)
 }
@@ -147,45 +114,140 @@ fn same(lua: &Lua, a: &MultiValue, b: &MultiValue) -> mlua::Result<bool> {
     global_fn(lua, "packed_eq")?.call((packed(lua, a)?, packed(lua, b)?))
 }
 
-fn rust_encode(vals: &MultiValue, what: &str) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    encode_values(vals, &mut out, what)?;
-    Ok(out)
-}
-
-fn lua_encode(lua: &Lua, vals: &MultiValue, what: &str) -> mlua::Result<Result<Vec<u8>, String>> {
-    let mut args = vals.clone();
-    args.push_front(what.into_lua(lua)?);
-    let (s, err): (Option<LuaString>, Option<String>) = global_fn(lua, "lua_encode")?.call(args)?;
-    Ok(match s {
-        Some(s) => Ok(s.as_bytes().to_vec()),
-        None => Err(err.unwrap_or_default()),
-    })
-}
-
-/// Decodes in Lua; Ok(packed values) or Err(message).
-fn lua_decode(lua: &Lua, bytes: &[u8]) -> mlua::Result<Result<Table, String>> {
-    let (t, err): (Option<Table>, Option<String>) =
-        global_fn(lua, "lua_decode")?.call(lua.create_string(bytes)?)?;
-    Ok(t.ok_or_else(|| err.unwrap_or_default()))
-}
-
 fn eval(lua: &Lua, code: &str) -> mlua::Result<MultiValue> {
     lua.load(code).eval()
 }
 
-/// Rust encode -> Rust decode in one state must give equal values.
-fn rust_roundtrip(lua: &Lua, vals: &MultiValue) -> R {
-    let bytes = rust_encode(vals, "argument")?;
-    let back = decode_values(lua, &bytes)?;
+fn mv(vals: Vec<Value>) -> MultiValue {
+    MultiValue::from_vec(vals)
+}
+
+/// Where `write` puts the values for the encoder.
+#[derive(Clone, Copy)]
+enum Place {
+    /// On the stack, as call arguments and results are.
+    Stack,
+    /// In a table at keys 1..n (Source::Array).
+    Array,
+}
+
+/// Encodes `vals` with write_values, from where `place` says, appending
+/// to `out` and `spans`: how many strings it borrowed, or the error's
+/// text. Checks that the stack's top is left where it was.
+fn write(
+    lua: &Lua,
+    vals: &MultiValue,
+    place: Place,
+    what: &str,
+    borrow: Option<Borrow>,
+    out: &mut Vec<u8>,
+    spans: &mut Vec<Span>,
+) -> Result<usize, String> {
+    let n = vals.len();
+    let mut res = Err("not run".to_string());
+    let mut tops = (0, 0);
+    // SAFETY: exec_raw runs the closure in a protected call, where
+    // write_values may raise, with the n values at 1..=n of the stack and
+    // 3 slots checked above them (the array takes 2). The values are not
+    // changed while encoded; `vals` keeps every borrowed string alive
+    // after the call.
+    unsafe {
+        lua.exec_raw::<()>(vals.clone(), |l| {
+            let src = match place {
+                Place::Stack => Source::Stack(1),
+                Place::Array => {
+                    ffi::lua_createtable(l, n as c_int, 0);
+                    for i in 1..=n as c_int {
+                        ffi::lua_pushvalue(l, i);
+                        ffi::lua_rawseti_(l, -2, i);
+                    }
+                    Source::Array(ffi::lua_gettop(l))
+                }
+            };
+            let top = ffi::lua_gettop(l);
+            res = write_values(l, src, n, what, borrow, out, spans).map_err(|e| e.to_string());
+            tops = (top, ffi::lua_gettop(l));
+            ffi::lua_settop(l, 0);
+        })
+    }
+    .map_err(|e| e.to_string())?;
+    assert_eq!(tops.0, tops.1, "write_values moved the top");
+    res
+}
+
+/// The payload of `vals` on the stack, or the error's text.
+fn encode(lua: &Lua, vals: &MultiValue, what: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    write(
+        lua,
+        vals,
+        Place::Stack,
+        what,
+        None,
+        &mut out,
+        &mut Vec::new(),
+    )?;
+    Ok(out)
+}
+
+/// Pushes a payload's values with push_values: them, or the error's text.
+/// Checks that exactly its values are pushed, and none on error.
+///
+/// # Safety
+/// The spans' bytes must be alive.
+unsafe fn decode_with(lua: &Lua, bytes: &[u8], spans: &[Span]) -> Result<MultiValue, String> {
+    let mut res = Err("not run".to_string());
+    let mut top = 0;
+    // SAFETY: exec_raw runs the closure in a protected call, where
+    // push_values may raise, on an empty stack; the spans' bytes are alive
+    // (the caller's word). What is left on the stack is the result.
+    let vals = unsafe {
+        lua.exec_raw::<MultiValue>((), |l| {
+            res = push_values(l, bytes, spans).map_err(|e| e.to_string());
+            top = ffi::lua_gettop(l) as usize;
+            ffi::lua_settop(l, res.as_ref().map_or(0, |&n| n as c_int));
+        })
+    }
+    .map_err(|e| e.to_string())?;
+    match res {
+        Ok(n) => {
+            assert_eq!(top, n, "push_values left {top} values for {n}");
+            assert_eq!(vals.len(), n);
+            Ok(vals)
+        }
+        Err(e) => {
+            assert_eq!(top, 0, "a refused payload pushed values: {e}");
+            Err(e)
+        }
+    }
+}
+
+/// As decode_with, for a payload that borrows nothing.
+fn decode(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
+    // SAFETY: no spans.
+    unsafe { decode_with(lua, bytes, &[]) }
+}
+
+/// Encode then decode must give equal values; an array of them must
+/// encode to the same bytes as the stack.
+fn roundtrip(lua: &Lua, vals: &MultiValue, what: &str) -> R {
+    let bytes = encode(lua, vals, what)?;
+    let mut from_array = Vec::new();
+    write(
+        lua,
+        vals,
+        Place::Array,
+        what,
+        None,
+        &mut from_array,
+        &mut Vec::new(),
+    )?;
+    assert!(from_array == bytes, "an array encodes differently");
+    let back = decode(lua, &bytes)?;
     assert_eq!(back.len(), vals.len(), "value count");
     assert!(
         same(lua, vals, &back)?,
         "round trip changed values: {bytes:02x?}"
     );
     Ok(())
-}
-
-fn mv(vals: Vec<Value>) -> MultiValue {
-    MultiValue::from_vec(vals)
 }

@@ -1,16 +1,17 @@
-//! Values that cross, both ways, byte for byte with codec.lua.
+//! Values that cross: their bytes on the wire, and back unchanged.
 
 use super::*;
 
 #[test]
 fn encode_string_decodes_as_one_string() -> R {
-    let lua = Lua::new();
+    let lua = new_lua()?;
     let mut out = Vec::new();
     encode_string(b"boom\0\xff", &mut out);
-    let vals = decode_values(&lua, &out).map_err(mlua::Error::runtime)?;
+    let vals = decode(&lua, &out)?;
     assert_eq!(vals.len(), 1);
     let s = vals[0].as_string().expect("a string").as_bytes().to_vec();
     assert_eq!(s, b"boom\0\xff");
+    assert_eq!(error_text(&out), "boom\0\u{fffd}");
     Ok(())
 }
 
@@ -62,7 +63,7 @@ fn roundtrip_scalars() -> R {
         ]),
     ];
     for vals in &cases {
-        rust_roundtrip(&lua, vals)?;
+        roundtrip(&lua, vals, "argument")?;
     }
     Ok(())
 }
@@ -70,7 +71,8 @@ fn roundtrip_scalars() -> R {
 #[test]
 fn negative_zero_stays_float() -> R {
     let lua = new_lua()?;
-    let bytes = rust_encode(
+    let bytes = encode(
+        &lua,
         &mv(vec![Value::Number(-0.0), Value::Number(0.0)]),
         "argument",
     )?;
@@ -78,7 +80,7 @@ fn negative_zero_stays_float() -> R {
         bytes,
         [0x02, 0x82, 0x01, 0xcb, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x00]
     );
-    let back = decode_values(&lua, &bytes)?;
+    let back = decode(&lua, &bytes)?;
     match back.front() {
         Some(Value::Number(f)) => assert!(*f == 0.0 && f.is_sign_negative()),
         other => panic!("expected -0.0, got {other:?}"),
@@ -120,8 +122,7 @@ fn exact_bytes() -> R {
     ];
     for (code, want) in cases {
         let vals = eval(&lua, &format!("return {code}"))?;
-        assert_eq!(rust_encode(&vals, "argument")?, *want, "rust: {code}");
-        assert_eq!(lua_encode(&lua, &vals, "argument")??, *want, "lua: {code}");
+        assert_eq!(encode(&lua, &vals, "argument")?, *want, "{code}");
     }
     Ok(())
 }
@@ -147,7 +148,7 @@ fn roundtrip_tables() -> R {
     ];
     for code in cases {
         let vals = eval(&lua, &format!("return {code}"))?;
-        rust_roundtrip(&lua, &vals).map_err(|e| format!("{code}: {e}"))?;
+        roundtrip(&lua, &vals, "argument").map_err(|e| format!("{code}: {e}"))?;
     }
     Ok(())
 }
@@ -156,9 +157,9 @@ fn roundtrip_tables() -> R {
 fn holes_make_a_map() -> R {
     let lua = new_lua()?;
     let vals = eval(&lua, "return {1, nil, 3}")?;
-    let bytes = rust_encode(&vals, "argument")?;
+    let bytes = encode(&lua, &vals, "argument")?;
     assert_eq!(bytes[3] & 0xf0, 0x80, "{bytes:02x?}");
-    let back = decode_values(&lua, &bytes)?;
+    let back = decode(&lua, &bytes)?;
     let Some(Value::Table(t)) = back.front() else {
         panic!("expected a table");
     };
@@ -211,75 +212,31 @@ const BATTERY: &str = r#"
     }
 "#;
 
+/// Every case crosses as arguments and as return values, from the stack
+/// and from an array alike.
 #[test]
-fn cross_language_battery() -> R {
-    battery(&new_lua()?)
-}
-
-#[test]
-fn cross_language_battery_without_table_extensions() -> R {
-    // Plain LuaJIT 2.1 lacks table.nkeys; the module must fall back.
-    let lua = new_lua_with(
-        r#"
-        for _, m in ipairs({"table.nkeys", "table.new"}) do
-            package.loaded[m] = nil
-            package.preload[m] = function() error("gone") end
-        end
-    "#,
-    )?;
-    assert!(lua
-        .load(r#"return not pcall(require, "table.nkeys")"#)
-        .eval::<bool>()?);
-    battery(&lua)
-}
-
-fn battery(lua: &Lua) -> R {
-    let lua = lua.clone();
+fn battery() -> R {
+    let lua = new_lua()?;
     let cases: Table = lua.load(BATTERY).eval()?;
     for (i, case) in cases.sequence_values::<Function>().enumerate() {
         let vals: MultiValue = case?.call(())?;
-        let what = if i % 2 == 0 {
-            "argument"
-        } else {
-            "return value"
-        };
-
-        // (a) same bytes
-        let rust = rust_encode(&vals, what).map_err(|e| format!("case {}: {e}", i + 1))?;
-        let luab = lua_encode(&lua, &vals, what)?.map_err(|e| format!("case {}: {e}", i + 1))?;
-        assert!(rust == luab, "case {}: bytes differ", i + 1);
-
-        // Rust decodes its own payload (which is also Lua's, by (a)).
-        let back = decode_values(&lua, &rust)?;
-        assert!(
-            same(&lua, &vals, &back)?,
-            "case {}: Rust decode differs",
-            i + 1
-        );
-
-        // (b) Rust payload decodes in Lua
-        let from_lua = lua_decode(&lua, &rust)?.map_err(|e| format!("case {}: {e}", i + 1))?;
-        let want = packed(&lua, &vals)?;
-        let eq: bool = global_fn(&lua, "packed_eq")?.call((want, from_lua))?;
-        assert!(eq, "case {}: Lua decode differs", i + 1);
+        for what in ["argument", "return value"] {
+            roundtrip(&lua, &vals, what).map_err(|e| format!("case {}: {e}", i + 1))?;
+        }
     }
     Ok(())
 }
 
 #[test]
-fn lua_payload_decodes_in_rust() -> R {
-    // (c) with a table Rust never saw: built and encoded inside Lua.
+fn values_built_in_lua_cross() -> R {
+    // Checked by a Lua function on the values pushed, not through mlua.
     let lua = new_lua()?;
-    let s: LuaString = lua
-        .load(
-            r#"
-            local t = {1, "two", {three = 3}, [{4}] = null, [5.5] = -0.0}
-            return lua_encode("argument", nil, t, "x", nil)
-        "#,
-        )
-        .eval()?;
-    let vals = decode_values(&lua, &s.as_bytes())?;
-    assert_eq!(vals.len(), 4);
+    let vals = eval(
+        &lua,
+        r#"return nil, {1, "two", {three = 3}, [{4}] = null, [5.5] = -0.0}, "x", nil"#,
+    )?;
+    let back = decode(&lua, &encode(&lua, &vals, "argument")?)?;
+    assert_eq!(back.len(), 4);
     let check: Function = lua
         .load(
             r#"
@@ -290,88 +247,165 @@ fn lua_payload_decodes_in_rust() -> R {
         "#,
         )
         .eval()?;
-    assert!(check.call::<bool>(vals)?);
+    assert!(check.call::<bool>(back)?);
     Ok(())
 }
 
 #[test]
-fn decoded_numbers_look_like_mlua_numbers() -> R {
+fn numbers_and_strings_of_every_width_decode() -> R {
     let lua = new_lua()?;
     // uint8 255, float64 1.0, float32 0.5, int64 -1
     let bytes = [
         0x04, 0x84, 1, 0xcc, 0xff, 2, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 3, 0xca, 0x3f, 0, 0, 0,
         4, 0xd3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
     ];
-    let vals = decode_values(&lua, &bytes)?.into_vec();
-    assert!(matches!(
-        vals[..],
-        [
-            Value::Integer(255),
-            Value::Integer(1),
-            Value::Number(0.5),
-            Value::Integer(-1)
-        ]
-    ));
-    let from_lua = lua_decode(&lua, &bytes)?.map_err(|e| e.to_string())?;
-    assert_eq!(from_lua.raw_get::<f64>(3)?, 0.5);
+    let vals = decode(&lua, &bytes)?.into_vec();
+    assert!(
+        matches!(
+            vals[..],
+            [
+                Value::Integer(255),
+                Value::Integer(1),
+                Value::Number(0.5),
+                Value::Integer(-1)
+            ]
+        ),
+        "{vals:?}"
+    );
     // str family decodes to strings too, invalid UTF-8 included
     let bytes = [0x02, 0x82, 1, 0xa2, 0xff, 0x00, 2, 0xd9, 1, b'a'];
-    let vals = decode_values(&lua, &bytes)?;
-    let from_lua = lua_decode(&lua, &bytes)?.map_err(|e| e.to_string())?;
-    assert!(global_fn(&lua, "packed_eq")?.call::<bool>((packed(&lua, &vals)?, from_lua))?);
-    match vals.front() {
-        Some(Value::String(s)) => assert_eq!(s.as_bytes().as_ref(), b"\xff\x00"),
-        other => panic!("{other:?}"),
-    }
+    let vals = decode(&lua, &bytes)?;
+    let strings: Vec<Vec<u8>> = vals
+        .iter()
+        .map(|v| v.as_string().expect("a string").as_bytes().to_vec())
+        .collect();
+    assert_eq!(strings, [&b"\xff\x00"[..], b"a"]);
     Ok(())
 }
 
 #[test]
 fn borrowed_strings_cross_in_place() -> R {
     let lua = new_lua()?;
-    // Lua encodes, borrowing from 4 bytes at any depth; Rust decodes.
-    let (bytes, list): (LuaString, Table) = lua
-        .load(
-            r#"
-            local b = require("string.buffer").new()
-            local list = { "kept before" }
-            assert(codec.encode_borrowing(b, "argument", list, 4, 3,
-                                          "ab", "abcdef", { x = "abcdefgh" }))
-            return b:tostring(), list
-        "#,
-        )
-        .eval()?;
-    let strings: Vec<LuaString> = list.sequence_values().collect::<mlua::Result<_>>()?;
-    assert_eq!(strings.len(), 3, "two borrowed after the one already there");
-    let kept: Vec<_> = strings.iter().map(|s| s.as_bytes().to_vec()).collect();
-    let spans: Vec<Span> = kept[1..].iter().map(|b| Span::of(b)).collect();
-    // SAFETY: `kept` outlives the call.
-    let vals = unsafe { decode_borrowing(&lua, &bytes.as_bytes(), &spans) }?;
-    let want: MultiValue = eval(&lua, r#"return "ab", "abcdef", { x = "abcdefgh" }"#)?;
-    assert!(same(&lua, &vals, &want)?);
+    let vals = eval(&lua, r#"return "ab", "abcdef", { x = "abcdefgh" }"#)?;
+    let string_at = |v: &Value| -> LuaString { v.as_string().expect("a string").clone() };
+    let inner: Table = vals[2].as_table().expect("a table").get("x")?;
+    let (six, eight) = (string_at(&vals[1]), string_at(&inner));
+
+    // Arguments borrow from 4 bytes at any depth: the payload holds an ext
+    // (type 1, the span's big-endian index) for each, the spans point at
+    // the Lua strings' own bytes.
+    let nested = Borrow {
+        min: 4,
+        nested: true,
+    };
+    let (mut out, mut spans) = (Vec::new(), Vec::new());
+    let borrowed = write(
+        &lua,
+        &vals,
+        Place::Stack,
+        "argument",
+        Some(nested),
+        &mut out,
+        &mut spans,
+    )?;
+    assert_eq!(borrowed, 2);
+    #[rustfmt::skip]
+    let want = [
+        0x03, 0x83,
+        0x01, 0xc4, 2, b'a', b'b',
+        0x02, 0xd6, 0x01, 0, 0, 0, 0,
+        0x03, 0x81, 0xc4, 1, b'x', 0xd6, 0x01, 0, 0, 0, 1,
+    ];
+    assert_eq!(out, want);
+    let ptrs: Vec<_> = spans.iter().map(|s| (s.data, s.len)).collect();
+    assert_eq!(
+        ptrs,
+        [(six.as_bytes().as_ptr(), 6), (eight.as_bytes().as_ptr(), 8)]
+    );
+    // From an array, the same.
+    let (mut out2, mut spans2) = (Vec::new(), Vec::new());
+    write(
+        &lua,
+        &vals,
+        Place::Array,
+        "argument",
+        Some(nested),
+        &mut out2,
+        &mut spans2,
+    )?;
+    assert_eq!(out2, out);
+    assert_eq!(spans2.len(), 2);
+
+    // SAFETY: `vals` keeps the spans' strings alive.
+    let back = unsafe { decode_with(&lua, &out, &spans) }?;
+    assert!(same(&lua, &back, &vals)?);
     // Without its spans, the payload is refused, not read.
     assert_eq!(
-        decode_values(&lua, &bytes.as_bytes()).unwrap_err(),
+        decode(&lua, &out).unwrap_err(),
         "bad payload: bad borrowed string"
     );
 
-    // Rust borrows top-level strings only; its own decoder reads them back.
-    let (mut spans, mut strings, mut out) = (Vec::new(), Vec::new(), Vec::new());
-    let borrow = Borrow {
+    // anchor stores the same strings, in the same order, after what the
+    // table already holds, and says where the next would go.
+    let list = anchored(&lua, &vals, nested)?;
+    let strings: Vec<LuaString> = list.sequence_values().collect::<mlua::Result<_>>()?;
+    assert_eq!(strings.len(), 3, "two anchored after the one already there");
+    assert_eq!(strings[0].as_bytes().as_ref(), b"kept before");
+    for (s, span) in strings[1..].iter().zip(&spans) {
+        assert_eq!(s.as_bytes().as_ptr(), span.data);
+    }
+
+    // Results borrow top-level strings only.
+    let top_level = Borrow {
         min: 4,
-        spans: &mut spans,
-        strings: &mut strings,
+        nested: false,
     };
-    encode_borrowing(&want, &mut out, "return value", Some(borrow))?;
-    assert_eq!((spans.len(), strings.len()), (1, 1));
-    // SAFETY: `strings` keeps the span's string alive.
-    let back = unsafe { decode_borrowing(&lua, &out, &spans) }?;
-    assert!(same(&lua, &back, &want)?);
+    let (mut out, mut spans) = (Vec::new(), Vec::new());
+    let borrowed = write(
+        &lua,
+        &vals,
+        Place::Stack,
+        "return value",
+        Some(top_level),
+        &mut out,
+        &mut spans,
+    )?;
+    assert_eq!((borrowed, spans.len()), (1, 1));
+    assert_eq!(spans[0].data, six.as_bytes().as_ptr());
+    // SAFETY: `vals` keeps the span's string alive.
+    let back = unsafe { decode_with(&lua, &out, &spans) }?;
+    assert!(same(&lua, &back, &vals)?);
+    assert_eq!(anchored(&lua, &vals, top_level)?.raw_len(), 2);
 
     // Another ext type is refused.
     let other = [0x01, 0x81, 0x01, 0xd6, 0x02, 0, 0, 0, 0];
-    assert!(decode_values(&lua, &other)
+    assert!(decode(&lua, &other)
         .unwrap_err()
         .contains("unsupported msgpack ext type"));
     Ok(())
+}
+
+/// A table holding "kept before", then what anchor stores there of the
+/// strings `vals` borrow; checks the index anchor returns.
+fn anchored(lua: &Lua, vals: &MultiValue, borrow: Borrow) -> mlua::Result<Table> {
+    let n = vals.len();
+    let mut next = 0;
+    // SAFETY: exec_raw runs the closure protected, with the values at
+    // 1..=n and 3 slots checked above them (the table takes 2), unchanged
+    // since `write` encoded them; the table's array part has room for
+    // every string anchor stores (two at most, at 2 and 3).
+    let mut left = unsafe {
+        lua.exec_raw::<MultiValue>(vals.clone(), |l| {
+            ffi::lua_createtable(l, 4, 0);
+            let table = ffi::lua_gettop(l);
+            ffi::lua_pushstring(l, c"kept before".as_ptr());
+            ffi::lua_rawseti_(l, table, 1);
+            next = anchor(l, Source::Stack(1), n, borrow, table, 2);
+        })
+    }?;
+    let Some(Value::Table(t)) = left.pop_back() else {
+        panic!("no table");
+    };
+    assert_eq!(next as usize, t.raw_len() + 1, "anchor's next index");
+    Ok(t)
 }
