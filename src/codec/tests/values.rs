@@ -288,8 +288,8 @@ fn borrowed_strings_cross_in_place() -> R {
     let lua = new_lua()?;
     let vals = eval(&lua, r#"return "ab", "abcdef", { x = "abcdefgh" }"#)?;
     let string_at = |v: &Value| -> LuaString { v.as_string().expect("a string").clone() };
-    let inner: Table = vals[2].as_table().expect("a table").get("x")?;
-    let (six, eight) = (string_at(&vals[1]), string_at(&inner));
+    let eight: LuaString = vals[2].as_table().expect("a table").get("x")?;
+    let six = string_at(&vals[1]);
 
     // Arguments borrow from 4 bytes at any depth: the payload holds an ext
     // (type 1, the span's big-endian index) for each, the spans point at
