@@ -22,15 +22,31 @@ pub struct Decoded<'a> {
 }
 
 /// Checks `bytes`, a payload whose borrowed strings are `spans`, and turns
-/// it into ops.
+/// it into ops, appended to `ops` (a buffer to reuse; see `reuse`).
 ///
 /// # Safety
 /// The bytes of every span must stay alive for `'a` (see Span).
-pub unsafe fn decode<'a>(bytes: &'a [u8], spans: &'a [Span]) -> Result<Decoded<'a>, CodecError> {
-    decode_inner(bytes, spans).map_err(CodecError::BadPayload)
+pub unsafe fn decode<'a>(
+    bytes: &'a [u8],
+    spans: &'a [Span],
+    ops: Vec<Op<'a>>,
+) -> Result<Decoded<'a>, CodecError> {
+    decode_inner(bytes, spans, ops).map_err(CodecError::BadPayload)
 }
 
-fn decode_inner<'a>(bytes: &'a [u8], spans: &'a [Span]) -> Result<Decoded<'a>, String> {
+/// An empty buffer of ops for another lifetime, keeping `ops`'
+/// allocation (collecting from an empty iterator of a type of the same
+/// layout reuses it).
+pub fn reuse<'a>(mut ops: Vec<Op<'_>>) -> Vec<Op<'a>> {
+    ops.clear();
+    ops.into_iter().map(|_| Op::Null).collect()
+}
+
+fn decode_inner<'a>(
+    bytes: &'a [u8],
+    spans: &'a [Span],
+    ops: Vec<Op<'a>>,
+) -> Result<Decoded<'a>, String> {
     let mut rd = bytes;
     let n: u64 = rmp::decode::read_int(&mut rd).map_err(|_| "bad value count".to_string())?;
     if n > MAX_VALUES as u64 {
@@ -41,7 +57,7 @@ fn decode_inner<'a>(bytes: &'a [u8], spans: &'a [Span]) -> Result<Decoded<'a>, S
     if k > n {
         return Err("more values than the count".to_string());
     }
-    let ops = RefCell::new(Vec::with_capacity(k));
+    let ops = RefCell::new(ops);
     let seed = ValueSeed {
         ops: &ops,
         depth: 0,

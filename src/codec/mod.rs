@@ -29,7 +29,7 @@ mod encode;
 mod message;
 mod wire;
 
-pub use decode::{decode, error_text, Decoded};
+pub use decode::{decode, error_text, reuse, Decoded};
 pub use encode::{encode, Borrow, Source, WALK_SLOTS};
 pub use message::lua_type_name;
 pub use wire::{
@@ -61,16 +61,25 @@ pub unsafe fn push_values(
     bytes: &[u8],
     spans: &[Span],
 ) -> Result<usize, CodecError> {
+    let ops = reuse(SPARE_OPS.take());
     // SAFETY: forwarded from the caller.
-    let decoded = guard::catch(|| unsafe { decode(bytes, spans) })
+    let decoded = guard::catch(|| unsafe { decode(bytes, spans, ops) })
         .map_err(|panic| CodecError::BadPayload(format!("panic: {panic}")))??;
     // SAFETY: forwarded from the caller; the ops come from the decoder,
     // whose deepest value needs NEST_SLOTS.
-    if unsafe { stack::build(l, decoded.n, NEST_SLOTS, &decoded.ops) } {
+    let built = unsafe { stack::build(l, decoded.n, NEST_SLOTS, &decoded.ops) };
+    // a raise in build drops the buffer: the next call allocates one
+    SPARE_OPS.set(reuse(decoded.ops));
+    if built {
         Ok(decoded.n)
     } else {
         Err(stack_overflow())
     }
+}
+
+thread_local! {
+    /// The ops buffer of the last push_values on this thread, reused.
+    static SPARE_OPS: std::cell::Cell<Vec<stack::Op<'static>>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Encodes `n` values at `src` on the stack of `l` (see `encode`), after

@@ -145,7 +145,11 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 "task {:#x}.{i} started in thread pool \"{pool}\" thread #{index}",
                 job.task
             ));
-            let mut result = Payload::default();
+            let mut result = Payload {
+                // room for the usual small results at once
+                bytes: Vec::with_capacity(RESULT_CAPACITY),
+                ..Payload::default()
+            };
             let outcome = match &vm {
                 // SAFETY: whoever pushed keeps the spans' strings alive
                 // until the completion reaches the event loop, after this.
@@ -247,6 +251,9 @@ fn complete(done: &Sender<Job>, job: Job) {
         notify::wake();
     }
 }
+
+/// The capacity a result's buffer starts with.
+const RESULT_CAPACITY: usize = 256;
 
 /// How often a thread logs the failures of posted tasks.
 const POSTED_LOG_EVERY: Duration = Duration::from_secs(1);

@@ -319,7 +319,7 @@ impl Lcg {
 /// agree, and a refusal must be a bad payload.
 fn decode_checked(lua: &Lua, bytes: &[u8]) -> Result<MultiValue, String> {
     // SAFETY: no spans.
-    let checked = unsafe { crate::codec::decode(bytes, &[]) }.map(|d| d.n);
+    let checked = unsafe { crate::codec::decode(bytes, &[], Vec::new()) }.map(|d| d.n);
     let pushed = decode(lua, bytes);
     match (&checked, &pushed) {
         (Ok(n), Ok(vals)) => assert_eq!(*n, vals.len(), "{bytes:02x?}"),
