@@ -186,16 +186,18 @@ fn numbers_print_like_luajit() -> R {
     Ok(())
 }
 
+/// Values made in Rust that Lua code could not make this way.
 #[test]
-fn rust_only_error_values() -> R {
+fn rust_made_error_values() -> R {
     let lua = new_lua()?;
     let ud = lua.create_any_userdata(5u32)?;
+    // a light userdata that is not NULL, hence not ngx.null
     let light = Value::LightUserData(LightUserData(std::ptr::dangling_mut()));
     let nested = lua.create_table()?;
     nested.raw_set("u", ud.clone())?;
     let cases = [
         (Value::UserData(ud), "cannot pass userdata in argument #1"),
-        (light.clone(), "cannot pass userdata in argument #1"),
+        (light, "cannot pass userdata in argument #1"),
         (
             Value::Table(nested),
             r#"cannot pass userdata in argument #1 at ["u"]"#,
@@ -251,8 +253,8 @@ fn too_big() -> R {
         err_of(&lua, two, "argument")?,
         "arguments exceed 16777216 bytes"
     );
-    // Crossed by floats, so only the final check sees it; both sides
-    // first report the function that comes before that check.
+    // Crossed by floats, so only the final check sees it; the function
+    // that comes before that check is reported first.
     let floats = "string.rep('x', 16 * 1024 * 1024 - 20), {0.5, 0.5, 0.5, print}";
     assert_eq!(
         err_of(&lua, floats, "argument")?,
