@@ -237,16 +237,29 @@ fn get_then_close(port: u16, path: &str, marker: &[u8]) {
     }
 }
 
+/// Tasks a thread had not taken yet when their caller went away are not
+/// run: they end without a TASK-START.
+fn cancelled(n: &Nginx) -> usize {
+    n.get("/cancelled").text().parse().unwrap()
+}
+
+/// Tasks that ran or were cancelled.
+fn began(n: &Nginx) -> usize {
+    count(n, "TASK-START") + cancelled(n)
+}
+
+/// Tasks that ended or were cancelled.
+fn ended(n: &Nginx) -> usize {
+    count(n, "TASK-END") + cancelled(n)
+}
+
 /// Runs `round` (which starts PER_ROUND tasks of the slow pool per call)
 /// once as warm-up and ROUNDS times measured; after each round waits until
 /// every task started so far has ended. Asserts the RSS bound.
 fn measure(n: &Nginx, tasks_per_round: usize, mut round: impl FnMut()) {
     let worker = only_worker(n);
     let mut started = 0;
-    // Tasks a thread had not taken yet when their caller went away are
-    // not run: they end without a TASK-START.
-    let cancelled = || n.get("/cancelled").text().parse::<usize>().unwrap();
-    let ended = || count(n, "TASK-END") + cancelled();
+    let ended = || ended(n);
     let mut run_round = |started: &mut usize| {
         round();
         *started += tasks_per_round;
@@ -256,11 +269,7 @@ fn measure(n: &Nginx, tasks_per_round: usize, mut round: impl FnMut()) {
             "only {} of {want} tasks ended",
             ended()
         );
-        assert_eq!(
-            count(n, "TASK-START") + cancelled(),
-            want,
-            "unexpected number of tasks"
-        );
+        assert_eq!(began(n), want, "unexpected number of tasks");
         // a round's garbage goes before the next
         assert_eq!(n.get("/gc").text(), "collected\n");
     };
@@ -453,10 +462,10 @@ fn abort_scenarios_under_valgrind() {
     // request still open then would show as nginx's leak, not ours.
     let tasks = 10 * COUNT;
     let idle = eventually(Duration::from_secs(120), || {
-        count(&n, "TASK-END") == tasks && count(&n, "DELIVERED") >= COUNT
+        ended(&n) == tasks && count(&n, "DELIVERED") >= COUNT
     });
     assert!(idle, "tasks or requests did not finish:\n{}", n.error_log());
-    assert_eq!(count(&n, "TASK-START"), tasks);
+    assert_eq!(began(&n), tasks);
     // The last responses are written right after their DELIVERED line.
     std::thread::sleep(Duration::from_millis(500));
     n.signal("QUIT");
