@@ -106,7 +106,8 @@ fn borrow_of(pool: usize) -> Option<Borrow> {
 }
 
 /// Anchors the strings the arguments at `src` borrowed, `count` of them,
-/// under a new key: the key (0 when nothing is borrowed).
+/// under a new key: the key (0 when nothing is borrowed), None when they
+/// could not all be found again.
 ///
 /// # Safety
 /// As refused, with the values at `src` unchanged since they were encoded.
@@ -115,13 +116,11 @@ unsafe fn anchor(
     parts: &[(Source, usize)],
     borrow: Option<Borrow>,
     count: usize,
-) -> u64 {
+) -> Option<u64> {
     let Some(borrow) = borrow.filter(|_| count > 0) else {
-        return 0;
+        return Some(0);
     };
-    let Some(key) = with_worker(|w| w.anchor_key()) else {
-        return 0;
-    };
+    let key = with_worker(|w| w.anchor_key())?;
     // SAFETY: forwarded; the table has room for every borrowed string in
     // its array part (codec::anchor's contract). The allocations may raise,
     // before anything is queued.
@@ -132,11 +131,15 @@ unsafe fn anchor(
         for &(src, n) in parts {
             next = codec::anchor(l, src, n, borrow, table, next);
         }
+        if next as usize != count + 1 {
+            lua::lua_settop(l, table - 1);
+            return None;
+        }
         lua::lua_pushnumber(l, key as f64);
         lua::lua_insert(l, table);
         lua::lua_rawset(l, ANCHORS);
     }
-    key
+    Some(key)
 }
 
 /// Lets go of anchored strings (a removal allocates nothing).
@@ -287,7 +290,9 @@ unsafe fn queue(
         reap_pending(l);
         let ms = int_arg(l, 2).clamp(1, c_int::MAX as i64) as c_int;
         let r = request_of(l);
-        let anchor = anchor(l, parts, borrow, borrowed);
+        let Some(anchor) = anchor(l, parts, borrow, borrowed) else {
+            return refused(l, ERROR, "cannot anchor borrowed strings");
+        };
         let queued = guard::catch(|| queue_and_wait(r, pool, ms, args, anchor))
             .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));
         match queued {

@@ -53,6 +53,24 @@ const POOL: &str = r#"
 
 /// Locations, each ending its request while a task is in flight.
 const LOCATIONS: &str = r#"
+    # The handler of (a) below.
+    init_by_lua_block {
+        package.loaded.abort_while_running = function()
+            local tp = require "resty.threadpool"
+            local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
+            local t = ngx.thread.spawn(function()
+                local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
+                ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
+                return res and #res or err
+            end)
+            -- a pool thread has taken the task before the client goes
+            ngx.sleep(0.002)
+            ngx.say("pushed")
+            ngx.flush(true)
+            ngx.say(select(2, ngx.thread.wait(t)))
+        end
+    }
+
     server {
         listen 127.0.0.1:$PORT;
         default_type text/plain;
@@ -63,37 +81,11 @@ const LOCATIONS: &str = r#"
         # task, which is then not run.)
         location = /abort_on {
             lua_check_client_abort on;
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
-                local t = ngx.thread.spawn(function()
-                    local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
-                    ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
-                    return res and #res or err
-                end)
-                -- a pool thread has taken the task before the client goes
-                ngx.sleep(0.002)
-                ngx.say("pushed")
-                ngx.flush(true)
-                ngx.say(select(2, ngx.thread.wait(t)))
-            }
+            content_by_lua_block { require("abort_while_running")() }
         }
         location = /abort_off {
             lua_check_client_abort off;
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local payload = string.format("%08x", math.random(0, 0x7fffffff)) .. string.rep("x", 65528)
-                local t = ngx.thread.spawn(function()
-                    local res, err = tp.slow_pool:push_task(tonumber(ngx.var.arg_ms), payload)
-                    ngx.log(ngx.INFO, "DELIVERED ", res and #res or err)
-                    return res and #res or err
-                end)
-                -- a pool thread has taken the task before the client goes
-                ngx.sleep(0.002)
-                ngx.say("pushed")
-                ngx.flush(true)
-                ngx.say(select(2, ngx.thread.wait(t)))
-            }
+            content_by_lua_block { require("abort_while_running")() }
         }
 
         # (b) The main coroutine exits while a light thread waits: spawn

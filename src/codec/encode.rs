@@ -8,15 +8,15 @@ use super::wire::{
     as_int, bin_header_len, CodecError, CountingWriter, Span, BORROWED, BORROWED_EXT_LEN, EXT,
     MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
 };
-use crate::lua::stack::Slot;
+use crate::lua::stack::{self, Slot};
+use crate::ngx::guard;
 use mlua::ffi::{self, lua_State};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 
-/// Stack slots an encoding needs above the top: reserve them
-/// (lua::stack::reserve) before calling `encode` or `anchor`.
-pub const WALK_SLOTS: usize = NEST_SLOTS + 2;
+/// Stack slots an encoding needs above the top.
+const WALK_SLOTS: usize = NEST_SLOTS + 2;
 
 /// Where the values to encode are.
 #[derive(Clone, Copy)]
@@ -49,13 +49,14 @@ pub(super) enum Sink<'a> {
 /// Appends the payload of `n` values at `src` to `out`, their borrowed
 /// strings' spans to `spans`, and returns how many it borrowed. `what`
 /// names the values in error messages ("argument", "return value"). On
-/// error `out` and `spans` are left as they were.
+/// error `out` and `spans` are left as they were, and so is the stack.
 ///
 /// # Safety
-/// `l` must be a live state of this thread, with the values at `src` and
-/// WALK_SLOTS reserved above its top; no table in them may change during
-/// the call.
-pub unsafe fn encode(
+/// `l` must be a live state of this thread, with the values at `src`; no
+/// table in them may change during the call. Reserving the stack the walk
+/// needs may raise (out of memory): call it where a Lua error may unwind.
+/// The walk itself does not raise, so a panic guard wraps it.
+pub unsafe fn write_values(
     l: *mut lua_State,
     src: Source,
     n: usize,
@@ -64,9 +65,21 @@ pub unsafe fn encode(
     out: &mut Vec<u8>,
     spans: &mut Vec<Span>,
 ) -> Result<usize, CodecError> {
-    let (start, borrowed) = (out.len(), spans.len());
     // SAFETY: forwarded from the caller.
-    let res = unsafe { encode_into(l, src, n, what, borrow, Some(out), Sink::Spans(&mut *spans)) };
+    if !unsafe { stack::reserve(l, WALK_SLOTS) } {
+        return Err(stack_overflow());
+    }
+    let (start, borrowed) = (out.len(), spans.len());
+    // SAFETY: forwarded from the caller, with the slots reserved. A walk
+    // that stopped at an error leaves what it pushed: the top is put back.
+    let res = unsafe {
+        let top = ffi::lua_gettop(l);
+        let sink = Sink::Spans(&mut *spans);
+        let res = guard::catch(|| encode_into(l, src, n, what, borrow, Some(&mut *out), sink))
+            .map_err(|panic| CodecError::Value(format!("panic: {panic}")));
+        ffi::lua_settop(l, top);
+        res.and_then(|r| r)
+    };
     if res.is_err() {
         out.truncate(start);
         spans.truncate(borrowed);
@@ -74,15 +87,21 @@ pub unsafe fn encode(
     res.map(|()| spans.len() - borrowed)
 }
 
-/// Stores the strings that `encode` borrowed from the same values, in the
+/// The error for a stack that cannot hold the values.
+pub(super) fn stack_overflow() -> CodecError {
+    CodecError::Value("Lua stack overflow".into())
+}
+
+/// Stores the strings that `write_values` borrowed from the same values, in the
 /// same order, at `t[start..]` of the table at absolute index `table`,
 /// created with room for all of them in its array part; returns the index
 /// after the last. This is what keeps them alive (the caller anchors the
 /// table) while the payload refers to them.
 ///
 /// # Safety
-/// As encode, with the values unchanged since it ran.
-pub unsafe fn store_borrowed(
+/// As write_values, with the values unchanged since it ran and
+/// WALK_SLOTS free above the top (it reserved them).
+pub unsafe fn anchor(
     l: *mut lua_State,
     src: Source,
     n: usize,
@@ -92,13 +111,14 @@ pub unsafe fn store_borrowed(
 ) -> c_int {
     let next = Cell::new(start);
     let sink = Sink::Table { table, next: &next };
-    // SAFETY: forwarded from the caller; the values encoded once already.
-    let _ = unsafe { encode_into(l, src, n, "", Some(borrow), None, sink) };
+    // SAFETY: forwarded from the caller; the values encoded once already,
+    // and the walk does not raise, so the guard only ever meets a panic.
+    let _ = guard::catch(|| unsafe { encode_into(l, src, n, "", Some(borrow), None, sink) });
     next.get()
 }
 
 /// # Safety
-/// As encode.
+/// As write_values, with the stack reserved.
 unsafe fn encode_into(
     l: *mut lua_State,
     src: Source,

@@ -30,7 +30,7 @@ mod message;
 mod wire;
 
 pub use decode::{decode, error_text, reuse, Decoded};
-pub use encode::{encode, Borrow, Source, WALK_SLOTS};
+pub use encode::{anchor, write_values, Borrow, Source};
 pub use message::lua_type_name;
 pub use wire::{
     encode_string, CodecError, Span, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
@@ -43,11 +43,6 @@ mod tests;
 use crate::lua::stack;
 use crate::ngx::guard;
 use mlua::ffi::lua_State;
-
-/// The error for a stack that cannot hold the values.
-fn stack_overflow() -> CodecError {
-    CodecError::Value("Lua stack overflow".into())
-}
 
 /// Pushes the values of a payload (`bytes`, borrowing `spans`) onto the
 /// stack of `l`: how many.
@@ -73,61 +68,11 @@ pub unsafe fn push_values(
     if built {
         Ok(decoded.n)
     } else {
-        Err(stack_overflow())
+        Err(encode::stack_overflow())
     }
 }
 
 thread_local! {
     /// The ops buffer of the last push_values on this thread, reused.
     static SPARE_OPS: std::cell::Cell<Vec<stack::Op<'static>>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// Encodes `n` values at `src` on the stack of `l` (see `encode`), after
-/// reserving the stack the walk needs.
-///
-/// # Safety
-/// As `encode`, less the reserved slots; may raise while reserving them
-/// (out of memory): call it where a Lua error may unwind.
-pub unsafe fn write_values(
-    l: *mut lua_State,
-    src: Source,
-    n: usize,
-    what: &str,
-    borrow: Option<Borrow>,
-    out: &mut Vec<u8>,
-    spans: &mut Vec<Span>,
-) -> Result<usize, CodecError> {
-    // SAFETY: forwarded from the caller.
-    if !unsafe { stack::reserve(l, WALK_SLOTS) } {
-        return Err(stack_overflow());
-    }
-    // SAFETY: forwarded from the caller, with the slots reserved; the walk
-    // does not raise, so the guard only ever meets a panic. A walk that
-    // stopped at an error leaves what it pushed: the top is put back.
-    unsafe {
-        let top = mlua::ffi::lua_gettop(l);
-        let res = guard::catch(|| encode(l, src, n, what, borrow, out, spans))
-            .map_err(|panic| CodecError::Value(format!("panic: {panic}")));
-        mlua::ffi::lua_settop(l, top);
-        res?
-    }
-}
-
-/// Stores the strings that `write_values` borrowed from the values at
-/// `src` into the table at `table`, from index `start` (see
-/// encode::store_borrowed): the index after the last.
-///
-/// # Safety
-/// As `encode::store_borrowed`; nothing here raises.
-pub unsafe fn anchor(
-    l: *mut lua_State,
-    src: Source,
-    n: usize,
-    borrow: Borrow,
-    table: std::ffi::c_int,
-    start: std::ffi::c_int,
-) -> std::ffi::c_int {
-    // SAFETY: forwarded from the caller; the walk does not raise.
-    guard::catch(|| unsafe { encode::store_borrowed(l, src, n, borrow, table, start) })
-        .unwrap_or(start)
 }
