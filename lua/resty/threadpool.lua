@@ -110,29 +110,26 @@ local function refused(rc, err, api)
     return nil, err
 end
 
--- Waits for a queued push: true, or nil and the error ("timeout").
-local function wait(rc, task)
+-- Waits for a push that queued its tasks: the results, built by
+-- `result`, or nil and the error ("timeout": the late results are dropped
+-- when they arrive).
+local function wait(rc, task, result)
     if rc == FFI_AGAIN then
-        local woke, werr = co_yield()
+        local woke, err = co_yield()
         if not woke then
-            -- the late results are dropped when they arrive
             c_release(task)
-            return nil, werr
+            return nil, err
         end
     end
-    return true
+    return result(task)
 end
 
 local function push(pool, ms, ...)
     local rc, task = c_push(pool.id, ms, ...)
-    if rc ~= FFI_AGAIN and rc ~= FFI_OK then
-        return refused(rc, task, "push_task")
+    if rc == FFI_AGAIN or rc == FFI_OK then
+        return wait(rc, task, c_result)
     end
-    local ok, err = wait(rc, task)
-    if not ok then
-        return nil, err
-    end
-    return c_result(task)
+    return refused(rc, task, "push_task")
 end
 
 local function push_batch(pool, ms, list)
@@ -144,14 +141,10 @@ local function push_batch(pool, ms, list)
         return {}
     end
     local rc, task = c_push_batch(pool.id, ms, list, n)
-    if rc ~= FFI_AGAIN and rc ~= FFI_OK then
-        return refused(rc, task, "push_tasks")
+    if rc == FFI_AGAIN or rc == FFI_OK then
+        return wait(rc, task, c_results)
     end
-    local ok, err = wait(rc, task)
-    if not ok then
-        return nil, err
-    end
-    return c_results(task)
+    return refused(rc, task, "push_tasks")
 end
 
 -- The counters of worker/stats.rs, in its order, then two histograms of
@@ -180,8 +173,10 @@ end
 local Pool = {}
 Pool.__index = Pool
 
+-- A method called on something else than a pool (pool.push_task(...)):
+-- only a pool has Pool as its metatable.
 local function check_self(self, method)
-    if type(self) ~= "table" or getmetatable(self) ~= Pool then
+    if getmetatable(self) ~= Pool then
         error("bad self: call it as pool:" .. method .. "(...)", 3)
     end
 end
