@@ -61,7 +61,8 @@ class LogScan:
     """Reads error.log as it grows: counts lines by level and shape, and
     keeps the fatal and unexpected ones."""
 
-    def __init__(self):
+    def __init__(self, strip=None):
+        self.strip = strip             # a path to write as @REPO@ in shapes
         self.levels = Counter()
         self.shapes = Counter()        # (level, shape) -> n, warn and worse
         self.fatal = []                # (reason, line)
@@ -82,7 +83,8 @@ class LogScan:
         level = m.group(1) if m else ("stderr" if source == "stderr" else "other")
         self.levels[level] += 1
         if level not in ("debug", "info", "notice"):
-            self.shapes[(level, shape(line))] += 1
+            self.shapes[(level, shape(line.replace(self.strip, "@REPO@")
+                                      if self.strip else line))] += 1
         for reason, pat in FATAL:
             if pat.search(line):
                 if len(self.fatal) < 50:
@@ -155,6 +157,21 @@ def resource_bounds(samples):
                         f"between its early and late samples (bound {GEN_RSS_GROWTH_MIB} MiB; "
                         f"{len(over)} such workers)")
     return failures, measured
+
+
+# Counters of thread_pool_status that some scrape must have seen above 0:
+# the kinds that should move them did.
+METRICS_MUST_MOVE = ("tasks_completed_total", "task_errors_total", "tasks_rejected_total",
+                     "tasks_timed_out_total", "tasks_abandoned_total",
+                     "accept_gate_pauses_total", "accepted_connections_total")
+
+
+def metrics_failures(metrics_max):
+    """Failures from the scrapes: counters that never moved."""
+    if not metrics_max:
+        return ["no scrape of thread_pool_status was read"]
+    return [f"thread_pool_status never showed {k} above 0"
+            for k in METRICS_MUST_MOVE if not metrics_max.get(k)]
 
 
 def outcome_failures(counts, n_unexpected, kinds):

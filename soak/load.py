@@ -69,11 +69,12 @@ KINDS = [
     Kind("batch", "push_tasks: 12 tasks, every fourth raising error()", {"ok"}, 6),
     Kind("post", "post_task: a counted task and a failing one; another in log_by_lua",
          {"posted"}, 6),
-    Kind("timeout", "push_task_timeout(0.02) of a 150 ms task", {"timeout"}, 4),
+    Kind("timeout", "push_task_timeout(0.02) of a 150 ms task given a 16-256 KiB string "
+         "(read in place after the caller left)", {"timeout"}, 4),
     Kind("batch_timeout", "push_tasks_timeout(0.02) of a 400 ms task (logged as slow) "
-         "and an echo", {"timeout"}, 1),
-    Kind("abort", "the client closes (FIN or RST) while its 100 ms task runs; "
-         "lua_check_client_abort on and off", {"aborted"}, 4, abort_path),
+         "and an echo, each given a 16-256 KiB string", {"timeout"}, 1),
+    Kind("abort", "the client closes (FIN or RST) while its 100 ms task runs on a "
+         "16-256 KiB string; lua_check_client_abort on and off", {"aborted"}, 4, abort_path),
     Kind("error_string", "the handler raises error(\"boom N\")", {"error"}, 5),
     Kind("error_table", "the handler raises error({ code = N, ... })", {"error"}, 5),
     Kind("oom", "the handler holds 16-64 MiB and asks LuaJIT for a string past "
@@ -120,11 +121,15 @@ class Tally:
         self.n_unexpected = 0
         self.keep = keep
 
-    def add(self, kind, outcome, detail="", t=None):
-        t = time.monotonic() if t is None else t
+    def minute(self, t):
         minute = int((t - self.t0) // 60)
         if self.last_minute is not None:
             minute = min(minute, self.last_minute)
+        return minute
+
+    def add(self, kind, outcome, detail="", t=None):
+        t = time.monotonic() if t is None else t
+        minute = self.minute(t)
         bad = outcome not in BY_NAME[kind].expected
         with self.lock:
             self.counts[(minute, kind, outcome)] += 1
@@ -359,7 +364,8 @@ class Load:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.threads = []
-        self.metrics_last = None   # the last parsed scrape
+        self.metrics_max = {}      # the largest value of each, over the run
+        self.metrics_by_minute = {}  # the last scrape of each minute
 
     # in-flight accounting, so that pause() can wait for quiet
     def _begin(self):
@@ -473,7 +479,9 @@ class Load:
                 err, parsed = self.metrics_check(body.decode("utf-8", "replace"))
                 if err:
                     return "unparsable", err
-                self.metrics_last = parsed
+                self.metrics_by_minute[self.tally.minute(time.monotonic())] = parsed
+                for k, v in parsed.items():
+                    self.metrics_max[k] = max(v, self.metrics_max.get(k, v))
             return "ok", ""
 
         for _ in range(self.max_requests):

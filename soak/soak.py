@@ -114,6 +114,7 @@ class Soak:
         self.port = free_port()
         self.nginx = None
         self.failures = []
+        self.repeats = {}
         self.samples = []
         self.reloads = []
         self.gen = 0
@@ -121,14 +122,19 @@ class Soak:
         self.generations = []           # dict(gen, pids, started, reason)
         self.exiting = {}               # pid -> time of the reload that retired it
         self.reported_lingering = set()
-        self.logscan = check.LogScan()
+        self.logscan = check.LogScan(strip=str(REPO))
         self.log_offset = 0
-        self.metrics_by_minute = {}
         self.t0 = None
         self.load = None
 
-    def fail(self, why):
+    def fail(self, why, key=None):
+        """Records a failure; of those with the same `key` (a crash loop
+        respawning workers) only the first few, then a count."""
         log(f"FAIL: {why}")
+        if key is not None:
+            self.repeats[key] = self.repeats.get(key, 0) + 1
+            if self.repeats[key] > 3:
+                return
         self.failures.append(why)
 
     # ---- nginx ------------------------------------------------------------
@@ -243,7 +249,7 @@ class Soak:
         gone = [p for p in self.gen_pids if p not in cur]
         if gone:
             self.fail(f"worker {', '.join(map(str, gone))} of generation {self.gen} "
-                      f"ended without a reload at {self.now():.0f} s")
+                      f"ended without a reload at {self.now():.0f} s", key="respawn")
             self.new_generation(cur, "respawn")
         for pid, since in list(self.exiting.items()):
             if not proc.alive(pid):
@@ -287,9 +293,6 @@ class Soak:
                                              phase=phase, pid=pid, quiet=quiet, **u))
             if not quiet:
                 log("sample taken with requests still in flight")
-            if self.load and self.load.metrics_last:
-                self.metrics_by_minute[min(int(t // 60), self.minutes - 1)] = \
-                    dict(self.load.metrics_last)
         finally:
             if self.load:
                 self.load.resume()
@@ -378,6 +381,9 @@ class Soak:
     def verdict(self):
         counts, unexpected, n_unexpected = self.tally.snapshot()
         failures = list(self.failures)
+        for key, n in self.repeats.items():
+            if n > 3:
+                failures.append(f"... and {n - 3} more like that ({key})")
         failures += check.outcome_failures(
             counts, n_unexpected, {k.name: k for k in self.kinds + [load.STATIC, load.METRICS]})
         for reason, line in self.logscan.fatal:
@@ -385,6 +391,7 @@ class Soak:
         if self.logscan.n_unexpected:
             failures.append(f"{self.logscan.n_unexpected} unexpected error lines, "
                             f"the first: {self.logscan.unexpected[0]}")
+        failures += check.metrics_failures(self.load.metrics_max if self.load else {})
         res_fail, measured = check.resource_bounds(self.samples)
         failures += res_fail
         if self.counters["posted_done"] > self.counters["posted"]:
@@ -412,7 +419,9 @@ class Soak:
             log_levels=dict(self.logscan.levels),
             log_shapes=[[lvl, shp, n] for (lvl, shp), n in self.logscan.shapes.most_common(25)],
             log_fatal=self.logscan.fatal, log_unexpected=self.logscan.unexpected,
-            metrics=self.metrics_by_minute, counters=self.counters,
+            metrics=self.load.metrics_by_minute if self.load else {},
+            counters=self.counters,
+            metrics_max=self.load.metrics_max if self.load else {},
             conf=self.conf.replace(str(REPO), "@REPO@").replace(str(MODULE), "@MODULE@"),
             machine=machine(),
         )

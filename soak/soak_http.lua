@@ -112,8 +112,14 @@ function kinds.post()
     return "posted"
 end
 
+-- A string of 16-256 KiB: borrowed by the thread, which may still read
+-- it after its caller stopped waiting or went away.
+local function caller_string()
+    return make(random(16384, 262144), random(1, 1e9))
+end
+
 function kinds.timeout()
-    local res, err = tp.slow:push_task_timeout(0.02, "sleep", 150)
+    local res, err = tp.slow:push_task_timeout(0.02, "sleep", 150, caller_string())
     if res ~= nil or err ~= "timeout" then
         return nil, "timeout: " .. describe(res) .. " " .. describe(err)
     end
@@ -121,7 +127,8 @@ function kinds.timeout()
 end
 
 function kinds.batch_timeout()
-    local res, err = tp.slow:push_tasks_timeout(0.02, { { "sleep", 400 }, { "echo", "x" } })
+    local res, err = tp.slow:push_tasks_timeout(0.02, { { "sleep", 400, caller_string() },
+                                                        { "echo", caller_string() } })
     if res ~= nil or err ~= "timeout" then
         return nil, "batch_timeout: " .. describe(res) .. " " .. describe(err)
     end
@@ -333,10 +340,16 @@ end
 
 -- The client reads "pushed" and goes away while the task sleeps.
 function _M.abort()
+    local s = caller_string()
     ngx.say("pushed")
     ngx.flush(true)
-    local res, err = tp.slow:push_task("sleep", 100)
-    ngx.say(res or err)
+    local res, sum = tp.slow:push_task("sleep", 100, s)
+    if res ~= 100 or sum ~= md5(s) then
+        -- the client is gone (lua_check_client_abort off): an error line
+        -- fails the soak
+        ngx.log(ngx.ERR, "soak: abort: the task gave ", describe(res), " ", describe(sum))
+    end
+    ngx.say("done")
 end
 
 return _M

@@ -42,10 +42,12 @@ function ops.fail_table(n)
     error({ code = n, msg = "table boom" })
 end
 
--- Holds the thread for ms milliseconds without using the CPU.
-function ops.sleep(ms)
+-- Holds the thread for ms milliseconds without using the CPU; returns
+-- what it read of s, and s (read in place both ways from 16 KiB, while
+-- its caller may be gone).
+function ops.sleep(ms, s)
     C.soak_poll(nil, 0, ms)
-    return ms
+    return ms, s and md5(s), s
 end
 
 -- Allocates mib MiB of strings the state keeps, then asks LuaJIT for a

@@ -267,6 +267,16 @@ class MetricsTests(unittest.TestCase):
         self.assertIn("no tasks_pushed_total for work/1", err)
 
 
+    def test_counters_that_never_moved(self):
+        seen = {k: 1 for k in check.METRICS_MUST_MOVE}
+        self.assertEqual(check.metrics_failures(seen), [])
+        seen["tasks_abandoned_total"] = 0
+        self.assertEqual(check.metrics_failures(seen),
+                         ["thread_pool_status never showed tasks_abandoned_total above 0"])
+        self.assertEqual(check.metrics_failures({}),
+                         ["no scrape of thread_pool_status was read"])
+
+
 class ReportTests(unittest.TestCase):
     def test_render(self):
         kinds = [load.BY_NAME[k] for k in ("push", "oom", "static")]
