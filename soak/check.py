@@ -16,10 +16,10 @@ from collections import Counter
 #
 # Over the run: the largest RSS of the serving workers at any later late
 # sample may exceed the baseline's by at most this.
-WORKER_RSS_GROWTH_MIB = 40
+WORKER_RSS_GROWTH_MIB = 48
 # Within a generation: a worker's RSS at its late sample may exceed its
 # early one by at most this.
-GEN_RSS_GROWTH_MIB = 32
+GEN_RSS_GROWTH_MIB = 40
 # The master's RSS (it reads the configuration again at each reload) may
 # grow by at most this over the run.
 MASTER_RSS_GROWTH_MIB = 8

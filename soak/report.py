@@ -162,7 +162,8 @@ def render(res, out_dir):
         f"{res['seconds']} s, a reload (HUP) every {res['reload_every']:.0f} s "
         f"({len(reloads)} reloads, new workers serving after "
         + (f"{min(took):.2f}–{max(took):.2f} s" if took else "—")
-        + f"), {res['clients']} mixed clients, a kept-alive static client and a "
+        + f"), {res['clients']} mixed clients (a mean pause of {res.get('pace', 0.06)} s "
+        f"between requests), a kept-alive static client and a "
         f"metrics scraper (every 2 s), seed {res['seed']}. Machine: {mach['nproc']} cores "
         f"({mach['cpu']}), kernel {mach['kernel']}, nginx {mach['nginx']}, "
         f"commit {mach['commit']}, load average at the end {' '.join(mach['loadavg'])}.",

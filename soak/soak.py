@@ -346,7 +346,8 @@ class Soak:
         self.generations[-1]["started"] = 0.0
         self.tally = load.Tally(self.t0, last_minute=self.minutes - 1)
         self.load = load.Load(self.port, self.tally, deadline=self.t0 + d, kinds=self.kinds,
-                              clients=self.args.clients, seed=self.args.seed,
+                              clients=self.args.clients, pace=self.args.pace,
+                              seed=self.args.seed,
                               metrics_check=metrics_check)
         self.load.start()
         next_reload = self.args.reload_every
@@ -403,7 +404,7 @@ class Soak:
         return dict(
             started=self.started, seconds=round(self.duration),
             minutes=self.minutes, reload_every=self.args.reload_every,
-            clients=self.args.clients, seed=self.args.seed,
+            clients=self.args.clients, pace=self.args.pace, seed=self.args.seed,
             passed=not failures, failures=failures,
             injected=self.args.inject,
             kinds=[dict(name=k.name, what=k.what, expected=sorted(k.expected),
@@ -454,6 +455,8 @@ def main():
                     help="the duration in seconds (overrides --minutes)")
     ap.add_argument("--reload-every", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=6, help="mixed client threads")
+    ap.add_argument("--pace", type=float, default=0.06,
+                    help="mean pause of a mixed client between requests (s)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--inject", action="append", default=[], choices=sorted(load.INJECT),
                     help="add a fault the soak must fail on (repeatable): "

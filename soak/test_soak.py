@@ -292,7 +292,7 @@ class ReportTests(unittest.TestCase):
             n_unexpected=1, samples=samples([40, 41], early=[39, 40]),
             generations=[], reloads=[dict(t=30, took=0.2, old=[1], new=[2])],
             measured=check.resource_bounds(samples([40, 41], early=[39, 40]))[1],
-            bounds=dict(worker_rss_growth_mib=40, gen_rss_growth_mib=32,
+            bounds=dict(worker_rss_growth_mib=48, gen_rss_growth_mib=40,
                         master_rss_growth_mib=8, exit_after_reload_s=20),
             log_levels={"notice": 3}, log_shapes=[["warn", "x | y", 2]], log_fatal=[],
             log_unexpected=[], metrics={"0": {"tasks_pushed_total": 5}},
