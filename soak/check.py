@@ -65,7 +65,8 @@ class LogScan:
         self.strip = strip             # a path to write as @REPO@ in shapes
         self.levels = Counter()
         self.shapes = Counter()        # (level, shape) -> n, warn and worse
-        self.fatal = []                # (reason, line)
+        self.fatal = []                # (reason, line), the first 50
+        self.n_fatal = 0
         self.unexpected = []           # error/crit lines not expected
         self.n_unexpected = 0
         self.partial = ""
@@ -87,6 +88,7 @@ class LogScan:
                                       if self.strip else line))] += 1
         for reason, pat in FATAL:
             if pat.search(line):
+                self.n_fatal += 1
                 if len(self.fatal) < 50:
                     self.fatal.append((reason, line[:500]))
                 return

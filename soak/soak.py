@@ -387,8 +387,10 @@ class Soak:
                 failures.append(f"... and {n - 3} more like that ({key})")
         failures += check.outcome_failures(
             counts, n_unexpected, {k.name: k for k in self.kinds + [load.STATIC, load.METRICS]})
-        for reason, line in self.logscan.fatal:
+        for reason, line in self.logscan.fatal[:5]:
             failures.append(f"{reason}: {line}")
+        if self.logscan.n_fatal > 5:
+            failures.append(f"... and {self.logscan.n_fatal - 5} more fatal log lines")
         if self.logscan.n_unexpected:
             failures.append(f"{self.logscan.n_unexpected} unexpected error lines, "
                             f"the first: {self.logscan.unexpected[0]}")
