@@ -475,7 +475,10 @@ def main():
 
     # TERM (as from a CI timeout) ends the run like Ctrl-C: nginx stopped,
     # the prefix removed.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def on_term(signum, frame):
+        raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGTERM, on_term)
     soak = Soak(args)
     soak.started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     try:
@@ -510,4 +513,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted: nginx stopped, prefix removed, no report")
+        sys.exit(130)
