@@ -165,7 +165,7 @@ def render(res, out_dir):
         + f"), {res['clients']} mixed clients (a mean pause of {res.get('pace', 0.06)} s "
         f"between requests), a kept-alive static client and a "
         f"metrics scraper (every 2 s), seed {res['seed']}. Machine: {mach['nproc']} cores "
-        f"({mach['cpu']}), kernel {mach['kernel']}, nginx {mach['nginx']}, "
+        f"({mach['cpu']}), kernel {mach['kernel']}, {mach['nginx']}, "
         f"commit {mach['commit']}, load average at the end {' '.join(mach['loadavg'])}.",
         "",
     ]
@@ -276,6 +276,8 @@ def plot(res, path):
     if any(bad.values()):
         ax_req.plot([mm + 1 for mm in minutes], [bad[mm] for mm in minutes],
                     color="red", marker="x", label="bad")
+    step = max(1, len(minutes) // 15)
+    ax_req.set_xticks([mm + 1 for mm in minutes[::step]])
     ax_req.set_xlabel("minute")
     ax_req.set_ylabel("requests")
     ax_req.set_title("Requests by kind and minute")
