@@ -125,7 +125,12 @@ class Soak:
         self.logscan = check.LogScan(strip=str(REPO))
         self.log_offset = 0
         self.t0 = None
+        self.minutes = max(1, int(-(-self.duration // 60)))
+        self.tally = load.Tally(time.monotonic(), last_minute=self.minutes - 1)
         self.load = None
+        self.conf = ""
+        self.counters = dict(posted=0, posted_done=0)
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S %z")
 
     def fail(self, why, key=None):
         """Records a failure; of those with the same `key` (a crash loop
@@ -339,7 +344,6 @@ class Soak:
 
     def run(self):
         d = self.duration
-        self.minutes = max(1, int(-(-d // 60)))
         log(f"{d:.0f} s, a reload every {self.args.reload_every:.0f} s, prefix {self.prefix}")
         self.start()
         self.t0 = time.monotonic()
@@ -367,9 +371,12 @@ class Soak:
             self.fail("the clients did not stop")
         self.watch()
         self.sample("late")
-        status, body = load.request(self.port, "/k/counters", timeout=10)
-        posted, done = (int(x) for x in body.split())
-        self.counters = dict(posted=posted, posted_done=done)
+        try:
+            _, body = load.request(self.port, "/k/counters", timeout=10)
+            posted, done = (int(x) for x in body.split())
+            self.counters = dict(posted=posted, posted_done=done)
+        except (load.Lost, ValueError) as e:
+            self.fail(f"/k/counters: {e}")
         code = self.stop()
         if code != 0:
             self.fail(f"nginx did not stop cleanly on QUIT (exit {code})")
@@ -480,13 +487,11 @@ def main():
 
     signal.signal(signal.SIGTERM, on_term)
     soak = Soak(args)
-    soak.started = time.strftime("%Y-%m-%d %H:%M:%S %z")
     try:
         try:
             soak.run()
-        except RuntimeError as e:
+        except (RuntimeError, load.Lost, OSError) as e:
             soak.fail(str(e))
-            soak.counters = dict(posted=0, posted_done=0)
             if soak.load:
                 soak.load.stop_now.set()
                 soak.load.running.set()
