@@ -502,7 +502,8 @@ def main():
         out_raw = REPO / "bench/out" if args.out == REPO / "bench" else args.out
         out_raw.mkdir(parents=True, exist_ok=True)
         (out_raw / "soak.json").write_text(json.dumps(res, indent=1))
-        shutil.copy(soak.prefix / "logs/error.log", out_raw / "soak-error.log")
+        if (soak.prefix / "logs/error.log").exists():
+            shutil.copy(soak.prefix / "logs/error.log", out_raw / "soak-error.log")
         args.out.mkdir(parents=True, exist_ok=True)
         report.render(res, args.out)
     finally:
