@@ -12,7 +12,7 @@ RUN_DIR := $(CURDIR)/target/run
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
 .PHONY: deps build test lint run images bench bench-deps fairness valgrind clean \
-	install install-files uninstall deb package
+	install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
 deps:
@@ -29,6 +29,7 @@ build: deps
 
 test: build
 	cargo test --release -- --test-threads=2
+	@$(MAKE) --no-print-directory soak-test soak-short
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
 LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf
@@ -90,6 +91,33 @@ fairness: build bench-deps
 valgrind: build
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES=valgrind
 	cargo test --release --test lifetime -- --ignored --nocapture abort_scenarios_under_valgrind
+
+# One nginx with 2 workers and every feature at once under a bounded
+# loopback load, a reload every 30 s, for MINUTES minutes: writes
+# bench/SOAK.md and bench/soak.png, exits non-zero on a lost or unexpected
+# answer, a crash line or growth past its bounds (README, "Soak").
+MINUTES ?= 30
+soak: build bench-deps
+	/usr/bin/python3 -B soak/soak.py --minutes $(MINUTES)
+
+# The soak's own logic, without nginx (~1 s).
+soak-test:
+	/usr/bin/python3 -B -m unittest discover -s soak -p 'test_*.py'
+
+# A 40 s soak (one reload) into a temporary directory (~50 s).
+soak-short: build
+	@out=$$(mktemp -d); /usr/bin/python3 -B soak/soak.py --seconds 40 --out $$out; \
+	rc=$$?; rm -rf $$out; exit $$rc
+
+# Each fault of soak.py --inject in a 40 s soak, which must fail (~4 minutes).
+SOAK_FAULTS := crash drop leak_fd leak_mem
+soak-inject: build
+	@for f in $(SOAK_FAULTS); do \
+		out=$$(mktemp -d); \
+		/usr/bin/python3 -B soak/soak.py --seconds 40 --inject $$f --out $$out > $$out/run.log 2>&1; \
+		rc=$$?; grep -A20 'FAIL: ' $$out/run.log | sed "s/^/[$$f] /"; rm -rf $$out; \
+		if [ $$rc -eq 0 ]; then echo "the soak passed with the fault $$f injected" >&2; exit 1; fi; \
+	done; echo "the soak failed on each fault: $(SOAK_FAULTS)"
 
 clean:
 	cargo clean
