@@ -32,7 +32,7 @@ test: build
 	@$(MAKE) --no-print-directory soak-test soak-short
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
-LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf
+LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak
 
 lint: deps
 	cargo fmt --check
