@@ -11,7 +11,7 @@ RUN_DIR := $(CURDIR)/target/run
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test lint run images bench bench-deps fairness valgrind clean \
+.PHONY: deps build test lint fuzz run images bench bench-deps fairness valgrind clean \
 	install install-files uninstall deb package
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -29,6 +29,14 @@ build: deps
 
 test: build
 	cargo test --release -- --test-threads=2
+
+# The codec against FUZZ_INPUTS generated inputs (tests/fuzz/): round trips
+# of random Lua values, and mutated, near-valid and random payloads for the
+# decoder, in one process per CPU (FUZZ_JOBS). ~20 minutes on 2 shared
+# cores; make test runs 150,000 of them.
+FUZZ_INPUTS ?= 10000000
+fuzz: deps
+	FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release --test fuzz -- --exact fuzz --nocapture
 
 lint:
 	cargo fmt --check
