@@ -521,7 +521,12 @@ fn check_slice(first: u64, count: u64, verbose: bool) -> (Counts, Vec<String>) {
     } else {
         run_child(seed, 1, true)
     };
-    let mut text = format!("FAIL seed={seed}: the process died: {}", alone.death);
+    let how = if alone.lines.iter().any(|l| l.starts_with("HANG")) {
+        "the input hangs"
+    } else {
+        "the process died"
+    };
+    let mut text = format!("FAIL seed={seed}: {how}: {}", alone.death);
     for line in &alone.lines {
         text.push_str("\n  ");
         text.push_str(line);
