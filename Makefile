@@ -32,8 +32,8 @@ test: build
 
 # The codec against FUZZ_INPUTS generated inputs (tests/fuzz/): round trips
 # of random Lua values, and mutated, near-valid and random payloads for the
-# decoder, in one process per CPU (FUZZ_JOBS). ~20 minutes on 2 shared
-# cores; make test runs 150,000 of them.
+# decoder, in one process per CPU (FUZZ_JOBS). ~5 minutes on 2 cores;
+# make test runs 150,000 of them.
 FUZZ_INPUTS ?= 10000000
 fuzz: deps
 	FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release --test fuzz -- --exact fuzz --nocapture

@@ -226,6 +226,9 @@ impl Fuzzer {
                 Self::borrowing(borrow),
                 self.show(&list)?
             ));
+            if let Ok(p) = codec::encode(&unpack(&list)?, borrow) {
+                report(&format!("payload: {}", hex(&p.bytes)));
+            }
         }
         let Err(diff) = Self::round_trip(&self.lua, &self.same, &list, borrow)? else {
             return Ok(Ok(()));
