@@ -33,7 +33,7 @@ test: build
 # The codec against FUZZ_INPUTS generated inputs (tests/fuzz/): round trips
 # of random Lua values, and mutated, near-valid and random payloads for the
 # decoder, in one process per CPU (FUZZ_JOBS). ~5 minutes on 2 cores;
-# make test runs 150,000 of them.
+# make test runs 300,000 of them.
 FUZZ_INPUTS ?= 10000000
 fuzz: deps
 	FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release --test fuzz -- --exact fuzz --nocapture

@@ -24,7 +24,7 @@
 //! crashes, whose input is then printed. A child stops on an input that
 //! runs longer than `FUZZ_HANG_SECS` and names it.
 //!
-//! Environment: `FUZZ_INPUTS` (default 150,000, ~15 s on 2 cores),
+//! Environment: `FUZZ_INPUTS` (default 300,000, 10–30 s on 2 cores),
 //! `FUZZ_SEED` (the first seed, default 0), `FUZZ_JOBS` (default: the
 //! CPUs), `FUZZ_HANG_SECS` (default 10). `FUZZ_SEED=S FUZZ_INPUTS=1`
 //! replays seed S and prints its input.
@@ -68,7 +68,7 @@ fn fuzz_slice() {
 
 #[test]
 fn fuzz() {
-    let inputs = env_u64("FUZZ_INPUTS", 150_000);
+    let inputs = env_u64("FUZZ_INPUTS", 300_000);
     let first = env_u64("FUZZ_SEED", 0);
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get() as u64);
     let jobs = env_u64("FUZZ_JOBS", cpus).max(1);
