@@ -4,13 +4,14 @@ against the working tree, side by side on this machine.
 
 Checks BASE out in a git worktree under target/ (removed afterwards) and
 builds it there with cargo (into target/bench-base, so that the next
-comparison reuses its dependencies); starts one nginx per tree, each with
-its own module, lua/, bench/lua and bench/nginx.conf.tmpl; then runs every
-hand-off cell of make bench that both trees have, but inline, in rounds,
-the two trees alternating cell by cell. run_worker_thread is the control:
-the module does not touch it, so its ratios show the noise. Prints per
-cell and figure both medians with their [min–max] and the ratio working
-tree / BASE; the rounds' figures go to bench/out/compare.json.
+comparison reuses its dependencies); starts one nginx per tree and variant
+(run.handoff_nginx), each with its tree's module, lua/, bench/lua and
+bench/nginx.conf.tmpl; then runs every hand-off cell of make bench that
+both trees have, but inline, in rounds, the two trees alternating cell by
+cell. run_worker_thread is the control: the module does not touch it, so
+its ratios show the noise. Prints per cell and figure both medians with
+their [min–max] and the ratio working tree / BASE; the rounds' figures go
+to bench/out/compare.json.
 
   ROUNDS=5 (default) rounds; QUICK=1 runs 200 ms cells instead of 1 s.
 """
@@ -29,7 +30,7 @@ sys.dont_write_bytecode = True  # no __pycache__ beside the sources
 import report  # noqa: E402
 import run  # noqa: E402
 from report import LABEL, PAYLOAD_LABEL  # noqa: E402
-from run import OUT, REPO, Nginx, handoff_cell, log, rotated  # noqa: E402
+from run import OUT, REPO, handoff_cell, handoff_nginx, log, rotated  # noqa: E402
 
 BASE_SRC = REPO / "target/bench-base-src"
 BASE_TARGET = REPO / "target/bench-base"
@@ -59,19 +60,17 @@ def base_tree(commit):
         git("worktree", "remove", "--force", str(BASE_SRC))
 
 
-def common_cells(ngs, plan):
-    """The cells (variant, C, payload) of make bench but inline whose
-    variant and payload both trees answer. Each pair runs once at C = 64
+def common_cells(ngs, cells, plan):
+    """The cells (variant, C, payload) whose variant and payload both trees
+    answer (ngs: tree → variant → nginx). Each pair runs once at C = 64
     first, which also warms up (JIT, run_worker_thread's VMs, modules)."""
-    cells = [cell for group in run.handoff_cells() for cell in group
-             if cell[0] != "inline"]
     answered = {}
     for v, _, p in cells:
         if (v, p) in answered:
             continue
         try:
-            for ng in ngs.values():
-                handoff_cell(ng, v, 64, p, plan["warmup_ms"])
+            for tree in ngs.values():
+                handoff_cell(tree[v], v, 64, p, plan["warmup_ms"])
             answered[v, p] = True
         except urllib.error.HTTPError as e:
             if e.code != 400:  # bench_handoff.lua's answer to what it lacks
@@ -118,23 +117,24 @@ def main():
     rounds = {t: {} for t in TREES}
     failed = {}
     load = run.loadavg()
+    # make bench's hand-off cells but inline
+    cells = [cell for group in run.handoff_groups() for cell in group if cell[0] != "inline"]
     with base_tree(commit) as (src, module), \
-            Nginx("compare-base", copying_pool=True, tree=src, module=module) as nb, \
-            Nginx("compare-work", copying_pool=True) as nw:
-        ngs = dict(base=nb, work=nw)
-        cells = common_cells(ngs, plan)
+            handoff_nginx("compare-base", cells, tree=src, module=module) as base_ngs, \
+            handoff_nginx("compare-work", cells) as work_ngs:
+        ngs = dict(base=base_ngs, work=work_ngs)
+        cells = common_cells(ngs, cells, plan)
         for rnd in range(args.rounds):
             log(f"round {rnd + 1}/{args.rounds}: {len(cells)} cells")
             for i, (v, c, p) in enumerate(cells):
                 key = f"{v}|{c}|{p}"
                 for t in rotated(TREES, rnd + i):
-                    r = handoff_cell(ngs[t], v, c, p, plan["handoff_ms"])
+                    r = handoff_cell(ngs[t][v], v, c, p, plan["handoff_ms"])
                     rounds[t].setdefault(key, []).append(report.per_task(r))
                     if r["failed"]:
                         failed[t, key] = failed.get((t, key), 0) + r["failed"]
-        for t, ng in ngs.items():
-            if not ng.alive():
-                notes.append(f"The {t} worker died during the run: see {ng.prefix}/logs.")
+        notes += [f"A worker of {t} died during the run: see {ng.prefix}/logs."
+                  for t, tree in ngs.items() for ng in tree.values() if not ng.alive()]
     notes += [f"{t}: {key} failed {n} tasks" for (t, key), n in failed.items()]
     (OUT / "compare.json").write_text(json.dumps(
         dict(base=args.base, commit=commit, work=work, plan=plan, rounds=rounds), indent=1))

@@ -225,8 +225,10 @@ def md_handoff(res, targets):
         "the variants alternating; tasks/s and CPU per task are medians of the "
         "rounds ([min–max] beside tasks/s), tasks/s = tasks / wall time; "
         "percentiles come from the timed calls of all rounds, in a histogram "
-        "with ~1% buckets. Inline runs on the event loop, so its light threads "
-        "never overlap: its C is nominal.\n",
+        "with ~1% buckets. Each variant runs in an nginx of its own, so that "
+        "none runs on LuaJIT traces another left (bench/ANALYSIS.md). Inline "
+        "runs on the event loop, so its light threads never overlap: its C is "
+        "nominal.\n",
     ]
     out.append(md_others(h.get("rounds", {}), res["machine"]["nproc"]))
 

@@ -9,9 +9,11 @@
 --
 -- The loop is a plain loop of calls, so that CPU time and tasks/s are the
 -- variant's rather than the timing's: each light thread reads the clock
--- (round trip and deadline) around one call in SAMPLE_EVERY when a call
--- hands over one small string, around every call otherwise (where two
--- clock reads and a histogram update are lost in the task's cost).
+-- (round trip and deadline) around one call in SAMPLE_EVERY, drawn at
+-- random (a fixed stride could keep hitting the same phase of a pattern),
+-- when a call hands over one small string, and around every call otherwise
+-- (where two clock reads and a histogram update are lost in the task's
+-- cost).
 --
 -- tpb hands BATCH tasks at a time to push_tasks: one round trip (one
 -- yield) for the batch, counted as BATCH tasks that each took it. tpc is
@@ -28,6 +30,7 @@ local tasks = require "bench_tasks"
 local C = ffi.C
 local floor = math.floor
 local log = math.log
+local random = math.random
 local rep = string.rep
 local spawn = ngx.thread.spawn
 local wait = ngx.thread.wait
@@ -231,12 +234,9 @@ function _M.run()
     local deadline = started + ms * 1e6
 
     local function loop()
-        local k = 0
         while not stop do
             local t0
-            k = k + 1
-            if k == every then
-                k = 0
+            if every == 1 or random(every) == 1 then
                 t0 = now_ns()
             end
             local res, err = call(p)
