@@ -11,8 +11,8 @@ RUN_DIR := $(CURDIR)/target/run
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test lint fuzz run images bench bench-deps fairness valgrind clean \
-	install install-files uninstall deb package soak soak-test soak-short soak-inject
+.PHONY: deps build test lint fuzz run images bench bench-deps bench-compare fairness valgrind \
+	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
 deps:
@@ -85,6 +85,14 @@ bench-deps:
 # run. System python3, for Debian's matplotlib.
 bench: build bench-deps
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
+
+# The hand-off cells of BASE (a git revision, checked out and built in a
+# worktree under target/) against the working tree, the two alternating:
+# per cell both medians, their spread and the ratio. ~12 minutes with the
+# default 5 rounds; ROUNDS=N, QUICK=1 for 200 ms cells.
+bench-compare: build
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<rev> [ROUNDS=5] [QUICK=1]" >&2; exit 2; }
+	QUICK=$(QUICK) ROUNDS=$(ROUNDS) /usr/bin/python3 bench/compare.py $(BASE)
 
 # The talk's timeout table, scaled (Direct, Thread, Thread + reuseport by
 # load): writes bench/FAIRNESS.md and bench/fairness_*.png. ~8 minutes;

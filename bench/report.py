@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task",
-         "tpb": "push_tasks ×16", "tpc": "push_task, copying",
+         "tpb": "push_tasks ×64", "tpc": "push_task, copying",
          "tpp": "post_task"}
 VARIANTS = ("inline", "rwt", "tp")
 HANDOFF_VARIANTS = VARIANTS + ("tpb",)
@@ -50,23 +50,53 @@ def hist_percentile(cell, q):
     return None
 
 
-def handoff_stats(cell):
+# A hand-off cell's figures per round: tasks/s, CPU µs per task of the
+# event loop, of the pool threads and of both (the worker), round-trip p50,
+# and the cores other processes took meanwhile.
+FIGURES = ("rate", "loop_us", "threads_us", "worker_us", "p50", "others")
+
+
+def per_task(cell):
+    """The FIGURES of one round of a hand-off cell (bench_handoff.lua's
+    answer, its histogram as merged by run.merge_handoff)."""
     secs = cell["elapsed_ns"] / 1e9
     n = cell["ok"] + cell["failed"]
-    return dict(rate=cell["ok"] / secs if secs else 0.0,
-                loop_us=cell["loop_cpu_us"] / n if n else None,
-                threads_us=cell["threads_cpu_us"] / n if n else None,
-                p50=hist_percentile(cell, 50), p99=hist_percentile(cell, 99),
-                failed=cell["failed"],
-                errors=cell["errors"])
+    loop = cell["loop_cpu_us"] / n if n else None
+    threads = cell["threads_cpu_us"] / n if n else None
+    return dict(rate=cell["ok"] / secs if secs else 0.0, loop_us=loop,
+                threads_us=threads,
+                worker_us=None if loop is None else loop + threads,
+                p50=hist_percentile(cell, 50), others=cell.get("others_cores"))
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def medians(rounds):
+    """Each of FIGURES as the median of the rounds' (per_task), with the
+    rounds kept for their spread."""
+    s = {k: median(r[k] for r in rounds) for k in FIGURES}
+    s["rounds"] = rounds
+    return s
+
+
+def handoff_stats(cell, rounds=None):
+    """A hand-off cell's medians (the cell as one round without rounds);
+    its round-trip percentiles from the samples of all rounds."""
+    s = medians(rounds or [per_task(cell)])
+    s.update(p50=hist_percentile(cell, 50), p99=hist_percentile(cell, 99),
+             failed=cell["failed"], errors=cell["errors"])
+    return s
 
 
 def overhead(s, inline):
-    """Hand-off overhead per task: event loop + pool threads, minus the
-    inline handler's CPU per task."""
-    if not (s and inline) or None in (s["loop_us"], s["threads_us"], inline["loop_us"]):
+    """Hand-off overhead per task: the worker's CPU (event loop + pool
+    threads) minus the inline handler's."""
+    if not (s and inline) or None in (s["worker_us"], inline["loop_us"]):
         return None
-    return s["loop_us"] + s["threads_us"] - inline["loop_us"]
+    return s["worker_us"] - inline["loop_us"]
 
 
 def wrk_agg(runs):
@@ -106,6 +136,14 @@ def f_num(x, digits=3):
 
 def f_ratio(x):
     return "–" if x is None else f"{x:.2f}×"
+
+
+def f_spread(s, k):
+    """Figure k of a cell: its median, and the [min–max] of its rounds."""
+    xs = [r[k] for r in s["rounds"] if r[k] is not None] if s else []
+    if not xs:
+        return "–"
+    return f_num(s[k]) + (f" [{f_num(min(xs))}–{f_num(max(xs))}]" if len(xs) > 1 else "")
 
 
 def table(head, rows):
@@ -150,6 +188,26 @@ def md_machine(res):
     return "\n".join(lines) + "\n"
 
 
+def md_others(rounds, nproc):
+    """What other processes took of the machine during the hand-off cells
+    (rounds: {cell: [per_task, ...]})."""
+    others = [r["others"] for rs in rounds.values() for r in rs if r.get("others") is not None]
+    if not others:
+        return ""
+    return (f"Other processes (and time stolen by the hypervisor) took "
+            f"{f_num(median(others))} of the {nproc} cores in the median cell, "
+            f"{f_num(max(others))} at most: the more they take, the more CPU "
+            "every variant spends per task (bench/ANALYSIS.md, \"Measuring the "
+            "hand-off\").\n")
+
+
+def cell_stats(h, v, c, p):
+    """handoff_stats of the hand-off cell (variant, C, payload), or None."""
+    key = f"{v}|{c}|{p}"
+    cell = h["cells"].get(key)
+    return handoff_stats(cell, h.get("rounds", {}).get(key)) if cell else None
+
+
 def md_handoff(res, targets):
     h = res.get("handoff")
     if not h:
@@ -158,87 +216,77 @@ def md_handoff(res, targets):
     out = [
         "One request runs C light threads (`ngx.thread.spawn`); each hands the "
         "trivial task (uppercase the string; for the table, a copy with every "
-        "string uppercased) to the variant in a loop and times each round trip "
-        "with `clock_gettime(CLOCK_MONOTONIC)` through the FFI. "
+        "string uppercased) to the variant in a plain loop, reading the clock "
+        "(`clock_gettime(CLOCK_MONOTONIC)` through the FFI) around one call in "
+        "16 where a call hands over one string of 16 B or 1 KiB and around every "
+        "call otherwise, so that the timing does not add to the figures it "
+        "measures. "
         f"{plan['handoff_rounds']} round(s) of {plan['handoff_ms']} ms per cell, "
-        "the variants alternating; tasks/s = tasks / wall time, percentiles "
-        "from a histogram with ~1% buckets. Inline runs on the event loop, so "
-        "its light threads never overlap: its C is nominal.\n",
+        "the variants alternating; tasks/s and CPU per task are medians of the "
+        "rounds ([min–max] beside tasks/s), tasks/s = tasks / wall time; "
+        "percentiles come from the timed calls of all rounds, in a histogram "
+        "with ~1% buckets. Each variant runs in an nginx of its own, so that "
+        "none runs on LuaJIT traces another left (bench/ANALYSIS.md). Inline "
+        "runs on the event loop, so its light threads never overlap: its C is "
+        "nominal.\n",
     ]
-    rates = h.get("rates", {})
+    out.append(md_others(h.get("rounds", {}), res["machine"]["nproc"]))
 
-    def rate(key):
-        """Median tasks/s over the rounds, with [min–max]."""
-        rs = sorted(rates.get(key, []))
-        if not rs:
-            return "–"
-        m = rs[len(rs) // 2]
-        return f_num(m) + (f" [{f_num(rs[0])}–{f_num(rs[-1])}]" if len(rs) > 1 else "")
-
-    def median_rate(key):
-        rs = sorted(rates.get(key, []))
-        return rs[len(rs) // 2] if rs else None
+    def stats(v, c, p):
+        return cell_stats(h, v, c, p)
 
     for p in PAYLOADS:
         rows = []
         for c in HANDOFF_C:
-            st = {v: handoff_stats(h["cells"][f"{v}|{c}|{p}"])
-                  for v in HANDOFF_VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
-            if not st:
+            st = {v: stats(v, c, p) for v in HANDOFF_VARIANTS}
+            if not any(st.values()):
                 continue
             row = [c]
             for v in HANDOFF_VARIANTS:
-                s = st.get(v)
-                row += [rate(f"{v}|{c}|{p}"), f_num(s and s["p50"]),
-                        f_num(s and s["p99"])] if s else ["–"] * 3
-            m = {v: median_rate(f"{v}|{c}|{p}") for v in HANDOFF_VARIANTS}
-            row += [f_ratio(ratio(m["tp"], m["rwt"])),
-                    f_ratio(ratio(m["tpb"], m["rwt"])),
-                    f_ratio(ratio(m["tp"], m["inline"]))]
-            fails = {v: s["failed"] for v, s in st.items() if s["failed"]}
+                s = st[v]
+                row += [f_spread(s, "rate"), f_num(s and s["p50"]), f_num(s and s["p99"])]
+            rate = {v: st[v] and st[v]["rate"] for v in HANDOFF_VARIANTS}
+            row += [f_ratio(ratio(rate["tp"], rate["rwt"])),
+                    f_ratio(ratio(rate["tpb"], rate["rwt"])),
+                    f_ratio(ratio(rate["tp"], rate["inline"]))]
+            fails = {v: s["failed"] for v, s in st.items() if s and s["failed"]}
             row.append(", ".join(f"{LABEL[v]} {n}" for v, n in fails.items()) or "0")
             rows.append(row)
         head = ["C"]
         for v in HANDOFF_VARIANTS:
             head += [f"{LABEL[v]} tasks/s", "p50 µs", "p99 µs"]
-        head += ["push_task / run_worker_thread", "push_tasks / run_worker_thread",
+        head += ["push_task / run_worker_thread", f"{LABEL['tpb']} / run_worker_thread",
                  "push_task / inline", "failed"]
         out.append(f"### Payload {PAYLOAD_LABEL[p]}\n\n" + table(head, rows))
 
     rows = []
     for p in PAYLOADS:
         for c in HANDOFF_C:
-            st = {v: handoff_stats(h["cells"][f"{v}|{c}|{p}"])
-                  for v in HANDOFF_VARIANTS if f"{v}|{c}|{p}" in h["cells"]}
-            if not st:
+            st = {v: stats(v, c, p) for v in HANDOFF_VARIANTS}
+            if not any(st.values()):
                 continue
             row = [PAYLOAD_LABEL[p], c]
             for v in HANDOFF_VARIANTS:
-                s = st.get(v)
-                row += [f_num(s and s["loop_us"])]
+                row.append(f_num(st[v] and st[v]["loop_us"]))
                 if v != "inline":
-                    row += [f_num(s and s["threads_us"])]
+                    row.append(f_num(st[v] and st[v]["threads_us"]))
             for v in ("rwt", "tp", "tpb"):
-                row.append(f_num(overhead(st.get(v), st.get("inline"))))
+                row.append(f_num(overhead(st[v], st["inline"])))
             rows.append(row)
     out.append("### CPU time per task\n\n"
                "Event loop: `getrusage(RUSAGE_THREAD)` of the worker's main thread "
                "around the cell (µs per task, all of it on the event loop: what "
                "other requests wait for). Pool threads: the run time of the "
                "worker's other threads, from `/proc/PID/task/TID/schedstat` (ns). "
-               "Includes the "
-               "benchmark loop's own timing and bookkeeping, alike for all.\n\n"
+               "Medians of the rounds. Both grow when other processes compete "
+               "for the cores (bench/ANALYSIS.md, \"Measuring the hand-off\").\n\n"
                + "Hand-off overhead: event loop + pool threads per task, minus the "
                "inline handler's CPU per task (what the hand-off itself costs).\n\n"
                + table(["payload", "C", "inline loop µs", "run_worker_thread loop µs",
                         "its threads µs", "push_task loop µs", "its threads µs",
-                        "push_tasks ×16 loop µs", "its threads µs",
+                        f"{LABEL['tpb']} loop µs", "its threads µs",
                         "overhead rwt µs", "overhead push_task µs",
                         "overhead push_tasks µs"], rows))
-
-    def stats(v, c, p):
-        cell = h["cells"].get(f"{v}|{c}|{p}")
-        return handoff_stats(cell) if cell else None
 
     rows = []
     for p in LARGE_PAYLOADS:
@@ -246,10 +294,10 @@ def md_handoff(res, targets):
             zc, cp, rwt, inline = (stats(v, c, p) for v in ("tp", "tpc", "rwt", "inline"))
             if not (zc and cp):
                 continue
-            m = {v: median_rate(f"{v}|{c}|{p}") for v in ("tp", "tpc", "rwt")}
             o = {v: overhead(s, inline) for v, s in (("tp", zc), ("tpc", cp), ("rwt", rwt))}
-            rows.append([PAYLOAD_LABEL[p], c, rate(f"tp|{c}|{p}"), rate(f"tpc|{c}|{p}"),
-                         f_ratio(ratio(m["tp"], m["tpc"])), f_ratio(ratio(m["tp"], m["rwt"])),
+            rows.append([PAYLOAD_LABEL[p], c, f_spread(zc, "rate"), f_spread(cp, "rate"),
+                         f_ratio(ratio(zc["rate"], cp["rate"])),
+                         f_ratio(ratio(zc["rate"], rwt and rwt["rate"])),
                          f_num(o["tp"]), f_num(o["tpc"]), f_num(o["rwt"]),
                          f_ratio(ratio(o["tp"], o["rwt"]))])
     if rows:
@@ -269,9 +317,9 @@ def md_handoff(res, targets):
             post, push = stats("tpp", c, p), stats("tp", c, p)
             if not post:
                 continue
-            rows.append([PAYLOAD_LABEL[p], c, rate(f"tpp|{c}|{p}"), f_num(post["p50"]),
+            rows.append([PAYLOAD_LABEL[p], c, f_spread(post, "rate"), f_num(post["p50"]),
                          f_num(post["loop_us"]), f_num(post["threads_us"]),
-                         rate(f"tp|{c}|{p}"), f_num(push and push["loop_us"])])
+                         f_spread(push, "rate"), f_num(push and push["loop_us"])])
     if rows:
         out.append("### post_task\n\n"
                    "C light threads post the task in a loop (sleeping 1 ms when the "
@@ -295,61 +343,60 @@ def md_handoff(res, targets):
                    "C = 64 every task gets one. push_task queues up to max_queue.\n\n"
                    + table(["variant", "tasks/s", "done", "failed", "errors"], rows))
 
-    # Targets: tasks/s ratios (medians of the rounds), hand-off overhead.
-    def rate_ratios(p, cs):
-        return [(c, ratio(median_rate(f"tp|{c}|{p}"), median_rate(f"rwt|{c}|{p}")))
-                for c in cs if f"tp|{c}|{p}" in h["cells"] and f"rwt|{c}|{p}" in h["cells"]]
-
-    def target(what, rs, ok, fmt=f_ratio):
-        if rs:
-            targets.append((what, ", ".join(f"C={c}: {fmt(r)}" for c, r in rs),
-                            all(r is not None and ok(r) for _, r in rs)))
-
-    for p in PAYLOADS:
-        target(f"push_task ≥ 1× run_worker_thread tasks/s, {PAYLOAD_LABEL[p]}, every C",
-               rate_ratios(p, HANDOFF_C), lambda r: r >= 1)
-    for p in LARGE_PAYLOADS:
-        target(f"push_task ≥ 1.5× run_worker_thread tasks/s, {PAYLOAD_LABEL[p]}, C ≥ 8",
-               rate_ratios(p, (8, 64)), lambda r: r >= 1.5)
-        target(f"push_task hand-off overhead ≤ 0.5× run_worker_thread's, "
-               f"{PAYLOAD_LABEL[p]}, every C",
-               [(c, ratio(overhead(stats("tp", c, p), stats("inline", c, p)),
-                          overhead(stats("rwt", c, p), stats("inline", c, p))))
-                for c in HANDOFF_C if stats("tp", c, p)],
-               lambda r: r <= 0.5)
-    # Pool threads' CPU per small task (the poll before parking included).
-    rs = []
-    for c in HANDOFF_C:
-        tp, rwt = h["cells"].get(f"tp|{c}|16"), h["cells"].get(f"rwt|{c}|16")
-        if tp and rwt:
-            rs.append((c, handoff_stats(tp)["threads_us"], handoff_stats(rwt)["threads_us"]))
-    if rs:
-        targets.append(("pool-thread CPU per 16 B task ≤ run_worker_thread's, every C",
-                        ", ".join(f"C={c}: {f_num(a)} vs {f_num(b)} µs" for c, a, b in rs),
-                        all(a is not None and b is not None and a <= b for _, a, b in rs)))
-    # Many tasks per yield: push_tasks against run_worker_thread, small
-    # payloads at C = 8 and 64, with its event-loop CPU per task.
-    for p in ("16", "1024"):
-        for c in (8, 64):
-            tpb = h["cells"].get(f"tpb|{c}|{p}")
-            rwt = h["cells"].get(f"rwt|{c}|{p}")
-            if tpb and rwt:
-                r = ratio(median_rate(f"tpb|{c}|{p}"), median_rate(f"rwt|{c}|{p}"))
-                loop = handoff_stats(tpb)["loop_us"]
-                targets.append((f"push_tasks ≥ 3× run_worker_thread tasks/s with ≤ 0.5 µs "
-                                f"event-loop CPU per task, {PAYLOAD_LABEL[p]}, C={c}",
-                                f"{f_ratio(r)}, {f_num(loop)} µs",
-                                r is not None and loop is not None and r >= 3 and loop <= 0.5))
-    for p in PAYLOADS:
-        tp = h["cells"].get(f"tp|1|{p}")
-        rwt = h["cells"].get(f"rwt|1|{p}")
-        if tp and rwt:
-            a, b = hist_percentile(tp, 50), hist_percentile(rwt, 50)
-            targets.append((f"round-trip p50 at C=1 below run_worker_thread's, "
-                            f"{PAYLOAD_LABEL[p]}",
-                            f"{f_num(a)} µs vs {f_num(b)} µs",
-                            None if a is None or b is None else a < b))
+    handoff_targets(h, targets)
     return "\n".join(out)
+
+
+def handoff_targets(h, targets):
+    """The hand-off targets, each beside run_worker_thread's figure in the
+    same run (medians of the rounds)."""
+    def figure(v, c, p, k):
+        s = cell_stats(h, v, c, p)
+        if k == "overhead":
+            return overhead(s, cell_stats(h, "inline", c, p))
+        return s and s[k]
+
+    def target(what, rows):
+        """rows: (measured, whether it meets the target) for each cell."""
+        if rows:
+            targets.append((what, ", ".join(m for m, _ in rows), all(ok for _, ok in rows)))
+
+    def versus(what, k, cells, bound, unit=""):
+        """push_task's figure k against run_worker_thread's: their ratio
+        at most `bound` (at least, for tasks/s)."""
+        rows = []
+        for c, p in cells:
+            a, b = figure("tp", c, p, k), figure("rwt", c, p, k)
+            r = ratio(a, b)
+            ok = r is not None and (r >= bound if k == "rate" else r <= bound)
+            rows.append((f"{PAYLOAD_LABEL[p]} C={c}: {f_num(a)} vs {f_num(b)}{unit} "
+                         f"({f_ratio(r)})", ok))
+        target(what, rows)
+
+    versus("push_task event-loop CPU per task ≤ 1.0× run_worker_thread's: 16 B at "
+           "C = 8 and 64, 1 KiB and 64 KiB at C = 8", "loop_us",
+           ((8, "16"), (64, "16"), (8, "1024"), (8, "65536")), 1.0, " µs")
+    versus("push_task worker CPU per task (event loop + pool threads) ≤ 1.0× "
+           "run_worker_thread's: 16 B at C = 8 and 64, 1 KiB at C = 8", "worker_us",
+           ((8, "16"), (64, "16"), (8, "1024")), 1.0, " µs")
+    versus("push_task tasks/s ≥ 1× run_worker_thread's, every payload at C = 8 and 64",
+           "rate", [(c, p) for p in PAYLOADS for c in (8, 64)], 1.0)
+    rows = []
+    for c in (8, 64):
+        loop, a, b = figure("tpb", c, "16", "loop_us"), figure("tpb", c, "16", "rate"), \
+            figure("rwt", c, "16", "rate")
+        r = ratio(a, b)
+        rows.append((f"C={c}: {f_num(loop)} µs, {f_ratio(r)}",
+                     loop is not None and loop <= 0.5 and r is not None and r >= 3))
+    target(f"{LABEL['tpb']}, 16 B at C = 8 and 64: ≤ 0.5 µs event-loop CPU per task "
+           "and ≥ 3× run_worker_thread's tasks/s", rows)
+    a, b = figure("tp", 1, "16", "p50"), figure("rwt", 1, "16", "p50")
+    target("push_task round trip at C = 1, 16 B: p50 ≤ 10 µs",
+           [(f"{f_num(a)} µs (run_worker_thread {f_num(b)} µs)", a is not None and a <= 10)])
+    for p, bound in (("65536", 1.0), ("1048576", 0.5)):
+        versus(f"push_task hand-off overhead ≤ {bound}× run_worker_thread's, "
+               f"{PAYLOAD_LABEL[p]}, every C", "overhead",
+               [(c, p) for c in HANDOFF_C], bound, " µs")
 
 
 def md_hol(res, targets):
@@ -597,8 +644,7 @@ def plots(res, out_dir):
             fig, axes = plt.subplots(1, len(PAYLOADS), figsize=(18, 4.2))
             for ax, p in zip(axes, PAYLOADS):
                 for v in VARIANTS:
-                    st = [handoff_stats(h["cells"][f"{v}|{c}|{p}"])
-                          if f"{v}|{c}|{p}" in h["cells"] else None for c in HANDOFF_C]
+                    st = [cell_stats(h, v, c, p) for c in HANDOFF_C]
                     if what == "latency":
                         for q, style in (("p50", "-"), ("p99", "--")):
                             ax.plot(HANDOFF_C, [s and s[q] for s in st], style,
@@ -620,11 +666,8 @@ def plots(res, out_dir):
         fig, axes = plt.subplots(1, len(PAYLOADS), figsize=(18, 4.2))
         for ax, p in zip(axes, PAYLOADS):
             for v in ("rwt", "tp", "tpc", "tpb"):
-                st = [(handoff_stats(h["cells"][f"{v}|{c}|{p}"]),
-                       handoff_stats(h["cells"][f"inline|{c}|{p}"]))
-                      if f"{v}|{c}|{p}" in h["cells"] and f"inline|{c}|{p}" in h["cells"]
-                      else (None, None) for c in HANDOFF_C]
-                ys = [overhead(s, i) for s, i in st]
+                ys = [overhead(cell_stats(h, v, c, p), cell_stats(h, "inline", c, p))
+                      for c in HANDOFF_C]
                 if any(y is not None for y in ys):
                     ax.plot(HANDOFF_C, ys, "-", marker="o", color=COLORS[v], label=LABEL[v])
             handoff_axis(ax, p)

@@ -16,6 +16,7 @@ Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -74,19 +75,23 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def stat_fields(path):
+    """The fields of a /proc stat file after the command (index 0: the
+    state), or None if it is gone."""
+    try:
+        stat = Path(path).read_text()
+    except OSError:
+        return None
+    # the command may hold spaces and parentheses: split after the last ')'
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def children(pid):
     """Pids of the processes whose parent is pid."""
     out = []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        # the command may hold spaces and parentheses: split after the last ')'
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid:
+        fields = stat_fields(d / "stat") if d.name.isdigit() else None
+        if fields and int(fields[1]) == pid:
             out.append(int(d.name))
     return out
 
@@ -121,23 +126,31 @@ def pool_threads_cpu_us(pid):
             continue
         except (OSError, ValueError, IndexError):
             pass
-        try:
-            stat = Path(f"{task}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        total += (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+        fields = stat_fields(f"{task}/stat")
+        if fields:
+            total += (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def others_cpu_s(pid):
+    """CPU seconds the machine has spent on anything but process pid
+    (stolen time included): what competed with it for the cores."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    fields = stat_fields(f"/proc/{pid}/stat")
+    return (busy - int(fields[11]) - int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Nginx:
     """One nginx under bench/out/NAME: started on a free loopback port,
-    stopped (QUIT, then TERM, then KILL) on exit from the with block."""
+    stopped (QUIT, then TERM, then KILL) on exit from the with block. Its
+    configuration, bench/lua, lua/ and nginx-conf/ come from the source
+    tree `tree`, the module from `module` (this checkout's by default)."""
 
     last = None  # the last nginx started: its versions and logs for the report
 
     def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None,
-                 copying_pool=False):
+                 copying_pool=False, tree=REPO, module=MODULE):
         self.name = name
         self.prefix = OUT / name
         self.port = free_port()
@@ -160,8 +173,8 @@ class Nginx:
                 handler += "\nthread_pool_zero_copy tpc off;"
             if scheduling:
                 handler += f"\nthread_pool_scheduling tp {scheduling};"
-        conf = (BENCH / "nginx.conf.tmpl").read_text()
-        for key, value in (("MODULE", str(MODULE)), ("REPO", str(REPO)),
+        conf = (tree / "bench/nginx.conf.tmpl").read_text()
+        for key, value in (("MODULE", str(module)), ("REPO", str(tree)),
                            ("PORT", str(self.port)),
                            ("POOLS", "\n".join(pools)),
                            ("TP_HANDLER", handler),
@@ -270,7 +283,8 @@ def rotated(seq, k):
 
 
 def merge_handoff(acc, r):
-    """Adds one cell result (JSON from bench_handoff.lua) into acc."""
+    """Adds one cell result (JSON from bench_handoff.lua, or cells merged
+    before) into acc; a new acc if acc is None."""
     if acc is None:
         acc = dict(ok=0, failed=0, elapsed_ns=0, loop_cpu_us=0,
                    threads_cpu_us=0, errors={}, hist={},
@@ -282,20 +296,24 @@ def merge_handoff(acc, r):
     acc["threads_cpu_us"] += r["threads_cpu_us"]
     for k, n in r["errors"].items():
         acc["errors"][k] = acc["errors"].get(k, 0) + n
-    hist = r["hist"] if isinstance(r["hist"], list) else []
-    for b, n in hist:
+    # bench_handoff.lua's [bucket, count] pairs ({} when empty), or merged
+    for b, n in (r["hist"].items() if isinstance(r["hist"], dict) else r["hist"]):
         acc["hist"][str(b)] = acc["hist"].get(str(b), 0) + n
     return acc
 
 
 def handoff_cell(ng, variant, c, payload, ms, max_count=10_000_000):
-    """One /handoff request, plus the pool threads' CPU time during it."""
+    """One /handoff request, plus the pool threads' CPU time during it and
+    the cores other processes took meanwhile, as a cell of one round
+    (merge_handoff)."""
     path = (f"/handoff?variant={variant}&c={c}&payload={payload}"
             f"&ms={ms}&max={max_count}")
-    cpu0 = pool_threads_cpu_us(ng.worker)
+    cpu0, others0, t0 = pool_threads_cpu_us(ng.worker), others_cpu_s(ng.worker), time.monotonic()
     r = ng.get_json(path, timeout=ms / 1000 + 60)
     r["threads_cpu_us"] = pool_threads_cpu_us(ng.worker) - cpu0
-    return r
+    cell = merge_handoff(None, r)
+    cell["others_cores"] = (others_cpu_s(ng.worker) - others0) / (time.monotonic() - t0)
+    return cell
 
 
 def handoff_variants(payload):
@@ -304,36 +322,55 @@ def handoff_variants(payload):
         + (("tpp",) if payload in SMALL_PAYLOADS else ())
 
 
+def handoff_groups():
+    """The hand-off cells (variant, C, payload) of one round in their
+    order, by C and payload; the variants of a payload are one group,
+    which rounds rotate."""
+    return [[(v, c, p) for v in handoff_variants(p)]
+            for c in HANDOFF_C for p in PAYLOADS]
+
+
+@contextlib.contextmanager
+def handoff_nginx(name, cells, **kw):
+    """One nginx for each variant of the hand-off cells (variant, C,
+    payload), NAME-VARIANT by name (extra Nginx arguments in kw), so that
+    each variant runs in a LuaJIT state of its own. In a shared one, what a
+    variant's calls did to the traces stayed for the next: post_task took
+    1.15 µs of event-loop CPU per call after a push_tasks cell, 0.26 µs
+    before, and flushing the traces did not undo it (LuaJIT had blacklisted
+    the code)."""
+    variants = dict.fromkeys(v for v, _, _ in cells)
+    with contextlib.ExitStack() as stack:
+        yield {v: stack.enter_context(Nginx(f"{name}-{v}", copying_pool=True, **kw))
+               for v in variants}
+
+
 def section_handoff(plan, res):
-    cells = {}
-    # Each round's rate by cell, for medians and spread.
-    rates = {}
-    with Nginx("handoff", copying_pool=True) as ng:
+    # Every cell's rounds together (counts, histogram), and each round's
+    # figures apart, for medians and spread.
+    cells, rounds = {}, {}
+    groups = handoff_groups()
+    with handoff_nginx("handoff", [cell for group in groups for cell in group]) as ngs:
         # JIT the loops, create run_worker_thread's VMs (one per task in
         # flight) and load the modules in every VM before measuring.
         for p in ("16", "65536", "table"):
             for v in handoff_variants(p):
-                handoff_cell(ng, v, 64, p, plan["warmup_ms"])
+                handoff_cell(ngs[v], v, 64, p, plan["warmup_ms"])
         for rnd in range(plan["handoff_rounds"]):
             log(f"handoff round {rnd + 1}/{plan['handoff_rounds']}")
-            i = 0
-            for c in HANDOFF_C:
-                for p in PAYLOADS:
-                    for v in rotated(handoff_variants(p), rnd + i):
-                        key = f"{v}|{c}|{p}"
-                        r = handoff_cell(ng, v, c, p, plan["handoff_ms"])
-                        cells[key] = merge_handoff(cells.get(key), r)
-                        rates.setdefault(key, []).append(
-                            r["ok"] / (r["elapsed_ns"] / 1e9) if r["elapsed_ns"] else 0)
-                    i += 1
+            for i, group in enumerate(groups):
+                for v, c, p in rotated(group, rnd + i):
+                    key = f"{v}|{c}|{p}"
+                    r = handoff_cell(ngs[v], v, c, p, plan["handoff_ms"])
+                    cells[key] = merge_handoff(cells.get(key), r)
+                    rounds.setdefault(key, []).append(report.per_task(r))
         # Past run_worker_thread's VM pool (100): what C=128 does.
         probe = {}
         for v in ("rwt", "tp"):
-            probe[v] = merge_handoff(None, handoff_cell(
-                ng, v, 128, "16", plan["handoff_ms"]))
-        res["handoff"] = dict(cells=cells, rates=rates, probe128=probe,
-                              alive=ng.alive())
-    res["handoff"]["log"] = ng.problems()
+            probe[v] = handoff_cell(ngs[v], v, 128, "16", plan["handoff_ms"])
+        res["handoff"] = dict(cells=cells, rounds=rounds, probe128=probe,
+                              alive=all(ng.alive() for ng in ngs.values()))
+    res["handoff"]["log"] = [line for ng in ngs.values() for line in ng.problems()]
 
 
 def heavy_url(ng, workload, variant):
