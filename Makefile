@@ -36,7 +36,7 @@ LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak
 
 # The codec against FUZZ_INPUTS generated inputs (tests/fuzz/): round trips
 # of random Lua values, and mutated, near-valid and random payloads for the
-# decoder, in one process per CPU (FUZZ_JOBS). ~5 minutes on 2 cores;
+# decoder, in one process per CPU (FUZZ_JOBS). 5-10 minutes on 2 cores;
 # make test runs 300,000 of them.
 FUZZ_INPUTS ?= 10000000
 fuzz: deps

@@ -164,8 +164,9 @@ impl Fuzzer {
         let base_seed = (1 << 40) + seed / 32;
         if self.base.as_ref().is_none_or(|(s, _)| *s != base_seed) {
             let vals = unpack(&self.list(base_seed)?)?;
-            let payload = codec::encode(&self.lua, &vals, (base_seed % 2 == 1).then_some(8))
+            let mut payload = codec::encode(&self.lua, &vals, (base_seed % 2 == 1).then_some(8))
                 .map_err(mlua::Error::runtime)?;
+            payload.bytes = inputs::canonical(&payload.bytes);
             self.base = Some((base_seed, payload));
         }
         Ok(())

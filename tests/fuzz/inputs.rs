@@ -69,6 +69,67 @@ const COUNTS: &[u64] = &[
     0xffff_ffff,
 ];
 
+/// `payload` (valid, as the encoder writes them) with the entries of every
+/// map in the order of their bytes. The encoder writes a table's entries
+/// in LuaJIT's `next` order, which changes from process to process (string
+/// hash seeds, addresses of table keys), and a seed's input must be the
+/// same bytes in every process, so that it can be replayed.
+pub fn canonical(payload: &[u8]) -> Vec<u8> {
+    let mut at = 0;
+    let mut out = Vec::with_capacity(payload.len());
+    // the count, the map header, and (position, value) pairs in order
+    while at < payload.len() {
+        out.extend(canonical_value(payload, &mut at));
+    }
+    out
+}
+
+/// The value at `*at`, canonical; moves `*at` past it.
+fn canonical_value(b: &[u8], at: &mut usize) -> Vec<u8> {
+    let m = b[*at];
+    let be = |from: usize, width: usize| {
+        b[from..from + width]
+            .iter()
+            .fold(0usize, |n, &x| n << 8 | x as usize)
+    };
+    // (header bytes, then: bytes of data, or items of an array, or entries of a map)
+    let (head, data, items, entries) = match m {
+        0x80..=0x8f => (1, 0, 0, (m & 0x0f) as usize),
+        0x90..=0x9f => (1, 0, (m & 0x0f) as usize, 0),
+        0xa0..=0xbf => (1, (m & 0x1f) as usize, 0, 0),
+        0xc4 | 0xd9 => (2, be(*at + 1, 1), 0, 0),
+        0xc5 | 0xda => (3, be(*at + 1, 2), 0, 0),
+        0xc6 | 0xdb => (5, be(*at + 1, 4), 0, 0),
+        0xca => (1, 4, 0, 0),
+        0xcb => (1, 8, 0, 0),
+        0xcc | 0xd0 => (1, 1, 0, 0),
+        0xcd | 0xd1 => (1, 2, 0, 0),
+        0xce | 0xd2 => (1, 4, 0, 0),
+        0xcf | 0xd3 => (1, 8, 0, 0),
+        0xd6 => (1, 5, 0, 0),
+        0xdc => (3, 0, be(*at + 1, 2), 0),
+        0xdd => (5, 0, be(*at + 1, 4), 0),
+        0xde => (3, 0, 0, be(*at + 1, 2)),
+        0xdf => (5, 0, 0, be(*at + 1, 4)),
+        _ => (1, 0, 0, 0),
+    };
+    let mut out = b[*at..*at + head + data].to_vec();
+    *at += head + data;
+    for _ in 0..items {
+        out.extend(canonical_value(b, at));
+    }
+    let mut pairs: Vec<Vec<u8>> = (0..entries)
+        .map(|_| {
+            let mut pair = canonical_value(b, at);
+            pair.extend(canonical_value(b, at));
+            pair
+        })
+        .collect();
+    pairs.sort();
+    out.extend(pairs.concat());
+    out
+}
+
 /// Random bytes, half of them behind a header that says "one value".
 pub fn random(rng: &mut Rng) -> Vec<u8> {
     let len = if rng.chance(90) {
