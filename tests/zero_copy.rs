@@ -38,8 +38,6 @@ const HTTP: &str = r#"
         return function(op, a, b, ...)
             if op == 'echo' then
                 return a, b, a and ngx.md5(type(a) == 'table' and a.s or a)
-            elseif op == 'block' then
-                ffi.C.poll(nil, 0, a)
             elseif op == 'md5' then
                 ffi.C.poll(nil, 0, b)
                 ngx.log(ngx.INFO, 'GOT ', ngx.md5(a))
