@@ -1,7 +1,7 @@
 //! The raw Lua layer: what calls the Lua C API directly, below mlua's safe
 //! API. A pool thread's state (created with the ffi library and a fallible
-//! allocator, alloc.rs) and the codec's walks over the raw stack
-//! (stack.rs).
+//! allocator, alloc.rs), protected calls into it (call.rs), and the codec's
+//! walks over a raw stack (stack.rs).
 
 mod alloc;
 pub mod call;
@@ -15,8 +15,9 @@ use mlua::Lua;
 pub const NOT_ENOUGH_MEMORY: &str = "not enough memory";
 
 /// A new state for a pool thread: every standard library with ffi (pool
-/// code uses it as event-loop code does), the collector stopped (see
-/// vm/protect.lua) and the fallible allocator installed. Put the allocator
+/// code uses it as event-loop code does), the collector stopped while the
+/// module sets the state up (see vm/mod.rs) and the fallible allocator
+/// installed. Put the allocator
 /// back with `restore_allocator` before the state is dropped.
 pub fn new_thread_state() -> mlua::Result<(Lua, Allocator)> {
     let lua = scratch_state();
