@@ -63,10 +63,6 @@ impl<'a, C> Slot<'a, C> {
         }
     }
 
-    pub fn state(&self) -> *mut lua_State {
-        self.l
-    }
-
     pub fn lua_type(&self) -> c_int {
         // SAFETY: `l` and `idx` are valid (Slot's invariant).
         unsafe { ffi::lua_type(self.l, self.idx) }

@@ -19,7 +19,7 @@ mod task;
 pub use ngx_api::NgxEnv;
 pub use task::Outcome;
 
-use crate::codec::{self, Span};
+use crate::codec::{self, CodecError, Span};
 use crate::lua::call::{CFunction, Status};
 use crate::ngx::log::Log;
 use chunk::{error_text, Chunk, Style};
@@ -134,19 +134,13 @@ impl ThreadVm {
         // SAFETY: l is this thread's state; t is what task::run expects
         // and outlives the call; the spans are alive (our contract).
         let status = unsafe { self.calls.run.call(self.l, (&raw mut t).cast::<c_void>()) };
-        let fail = |t: &mut Task, outcome, msg: &str| {
-            t.out.clear();
-            t.out_spans.clear();
-            codec::encode_string(msg.as_bytes(), t.out);
-            t.outcome = outcome;
-        };
         match status {
             Status::Ok => {}
             // Raised outside the handler: building its arguments or
             // pinning its results ran out of memory, or ran a finalizer
             // that failed.
-            Status::OutOfMemory => fail(&mut t, Outcome::OutOfMemory, codec::NOT_ENOUGH_MEMORY),
-            Status::Error(msg) => fail(&mut t, Outcome::Failed, &msg),
+            Status::OutOfMemory => t.fail(CodecError::OutOfMemory),
+            Status::Error(msg) => t.fail(CodecError::Value(msg)),
         }
         let pin = (t.pinned && t.outcome == Outcome::Done).then(|| {
             self.pinned.borrow_mut().insert(key);

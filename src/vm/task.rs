@@ -157,8 +157,8 @@ pub struct Task<'a> {
 }
 
 impl Task<'_> {
-    /// The task failed with `msg` (out of memory included).
-    fn fail(&mut self, e: CodecError) {
+    /// The task failed with `e` (out of memory included).
+    pub(super) fn fail(&mut self, e: CodecError) {
         self.out.clear();
         self.out_spans.clear();
         self.outcome = match e {

@@ -12,8 +12,6 @@ pub enum WorkerError {
     Stopped,
     /// More task records than a handle can name (2^32).
     TooManyTasks,
-    /// A buffer for the task's payload could not be allocated.
-    NoMemory,
     /// lua-nginx-module would not create a semaphore.
     Semaphore(String),
     ThreadSpawn {
@@ -29,7 +27,6 @@ impl fmt::Display for WorkerError {
             WorkerError::NoSuchPool => f.write_str("no such thread pool"),
             WorkerError::Stopped => f.write_str("thread pool is stopped"),
             WorkerError::TooManyTasks => f.write_str("too many tasks"),
-            WorkerError::NoMemory => f.write_str(crate::lua::NOT_ENOUGH_MEMORY),
             WorkerError::Semaphore(why) => write!(f, "cannot create a semaphore: {why}"),
             WorkerError::ThreadSpawn { pool, err } => {
                 write!(f, "thread pool \"{pool}\": cannot start a thread: {err}")

@@ -125,19 +125,15 @@ impl Tasks {
         self.spare.pop().unwrap_or_default()
     }
 
-    /// Keeps a buffer for reuse (small ones only: a 1 MiB payload should
-    /// not pin 1 MiB per spare).
-    pub fn recycle_buffer(&mut self, mut buf: Vec<u8>) {
+    /// Keeps a result's buffer for reuse (small ones only: a 1 MiB payload
+    /// should not pin 1 MiB per spare) and drops the rest, which lets go of
+    /// a thread's pin on borrowed results.
+    pub fn recycle(&mut self, payload: Payload) {
+        let mut buf = payload.bytes;
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
         }
-    }
-
-    /// Keeps a result's buffer for reuse and drops the rest, which lets go
-    /// of a thread's pin on borrowed results.
-    pub fn recycle(&mut self, payload: Payload) {
-        self.recycle_buffer(payload.bytes);
     }
 
     /// A new Running record on `owner`'s list, with a clean semaphore.
