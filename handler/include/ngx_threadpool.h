@@ -1,0 +1,116 @@
+/*
+ * ngx_threadpool.h: the ABI between the ngx_threadpool nginx module and a
+ * native handler library (thread_pool_process_by_rust POOL PATH [CONFIG]).
+ *
+ * A handler library is a shared object exporting the four functions below.
+ * The module loads it when the configuration is read (so `nginx -t` checks
+ * it), builds one handler state per pool thread with ngx_threadpool_init,
+ * and calls ngx_threadpool_process for each task, always from the thread
+ * that owns the state. States are never shared between threads.
+ *
+ * Values cross as MessagePack, the payload the Lua side already uses:
+ *
+ *     payload := uint(n) map(k) { uint(position) value }*k
+ *
+ * n is the number of values (Lua's select('#', ...)); only non-nil values
+ * are in the map, keyed by their 1-based position. A value is nil (also
+ * ngx.null), bool, int, float64, bin or str (a Lua string), array (a Lua
+ * table whose keys are exactly 1..n) or map. A string the module reads in
+ * place rather than copying (thread_pool_zero_copy) is an ext of type 1
+ * (NGX_TP_EXT_BORROWED) whose 4 data bytes are the big-endian index of a
+ * span in ngx_tp_task_t.spans; its bytes are valid until process returns.
+ * A result must not contain ext values.
+ */
+
+#ifndef NGX_THREADPOOL_H
+#define NGX_THREADPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What ngx_threadpool_abi_version must return. */
+#define NGX_THREADPOOL_ABI_VERSION 1
+
+/* The msgpack ext type of a borrowed string. */
+#define NGX_TP_EXT_BORROWED 1
+
+/* Return codes of init and process. */
+#define NGX_TP_OK     0   /* out holds the results payload */
+#define NGX_TP_ERROR  1   /* out holds an error payload: one value, the
+                             caller gets nil and that value */
+
+/* Log levels, nginx's (NGX_LOG_ERR ... NGX_LOG_DEBUG). */
+#define NGX_TP_LOG_ERR    4
+#define NGX_TP_LOG_WARN   5
+#define NGX_TP_LOG_NOTICE 6
+#define NGX_TP_LOG_INFO   7
+#define NGX_TP_LOG_DEBUG  8
+
+typedef struct {
+    const unsigned char *data;
+    size_t len;
+} ngx_tp_bytes_t;
+
+/* Where a handler writes a payload: append len bytes of data. Returns 0, or
+ * -1 when the payload cannot grow (out of memory, or larger than the
+ * module's limit): the handler should then return NGX_TP_ERROR with a
+ * short message. */
+typedef struct ngx_tp_out_s {
+    int (*write)(struct ngx_tp_out_s *out, const unsigned char *data,
+                 size_t len);
+    void *module;   /* the module's; do not touch */
+} ngx_tp_out_t;
+
+/* Writes a line to nginx's error log at level, naming the pool and thread.
+ * Callable from the handler's thread during init and process. */
+typedef void (*ngx_tp_log_pt)(const void *log, int level,
+                              const unsigned char *msg, size_t len);
+
+typedef struct {
+    ngx_tp_bytes_t pool;     /* the pool's name */
+    ngx_tp_bytes_t config;   /* CONFIG from nginx.conf; data NULL if none */
+    unsigned thread;         /* this thread's index in the pool, from 0 */
+    ngx_tp_log_pt log_fn;
+    const void *log;         /* the argument of log_fn; valid for the
+                                state's life */
+} ngx_tp_init_t;
+
+typedef struct ngx_tp_task_s {
+    ngx_tp_bytes_t args;          /* the arguments' payload */
+    const ngx_tp_bytes_t *spans;  /* borrowed strings, by index */
+    size_t nspans;
+    /* Non-zero once the caller gave up (timeout, request gone, its batch
+     * timed out): the result will be dropped, the handler may return at
+     * once. Cheap: an atomic load. */
+    int (*cancelled)(const struct ngx_tp_task_s *task);
+    const void *module;           /* the module's; do not touch */
+} ngx_tp_task_t;
+
+/* The four exports of a handler library. */
+
+/* Returns NGX_THREADPOOL_ABI_VERSION of the header it was built with. */
+uint32_t ngx_threadpool_abi_version(void);
+
+/* Builds this thread's state into *state. On NGX_TP_ERROR, err holds a
+ * payload with one string value: the pool is not usable, and its tasks get
+ * nil and that text. */
+int ngx_threadpool_init(const ngx_tp_init_t *init, void **state,
+                        ngx_tp_out_t *err);
+
+/* Runs one task: NGX_TP_OK with the results in out, or NGX_TP_ERROR with
+ * one error value in out. out is empty on entry. */
+int ngx_threadpool_process(void *state, const ngx_tp_task_t *task,
+                           ngx_tp_out_t *out);
+
+/* Frees a state when its thread exits (worker exit or reload). */
+void ngx_threadpool_free(void *state);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NGX_THREADPOOL_H */
