@@ -6,13 +6,8 @@
 
 use super::wire::{CodecError, Span, BORROWED, MAX_DEPTH, MAX_VALUES};
 use crate::lua::stack::Op;
-use serde::de::{
-    self, Deserialize, DeserializeSeed, Deserializer as _, MapAccess, SeqAccess, Visitor,
-};
-use std::cell::RefCell;
+use rmp::Marker;
 use std::ffi::c_int;
-use std::fmt;
-use std::io;
 
 /// The values of a payload, ready to build: `n` values (absent positions
 /// are nil; msgpack nil is ngx.null) and the ops that fill them in.
@@ -47,246 +42,250 @@ fn decode_inner<'a>(
     spans: &'a [Span],
     ops: Vec<Op<'a>>,
 ) -> Result<Decoded<'a>, String> {
-    let mut rd = bytes;
-    let n: u64 = rmp::decode::read_int(&mut rd).map_err(|_| "bad value count".to_string())?;
-    if n > MAX_VALUES as u64 {
-        return Err("bad value count".to_string());
-    }
-    let n = n as usize;
-    let k = rmp::decode::read_map_len(&mut rd).map_err(|_| "expected a map".to_string())? as usize;
-    if k > n {
-        return Err("more values than the count".to_string());
-    }
-    let ops = RefCell::new(ops);
-    let seed = ValueSeed {
-        ops: &ops,
-        depth: 0,
+    let mut rd = Reader {
+        rest: bytes,
+        ops,
         cap: bytes.len(),
         spans,
     };
-    decode_entries(seed, rd, n, k)?;
-    Ok(Decoded {
-        n,
-        ops: ops.into_inner(),
-    })
-}
-
-/// Decodes the `k` map entries left in `rd` into the `n` value slots.
-fn decode_entries<'a>(
-    seed: ValueSeed<'_, 'a>,
-    rd: &'a [u8],
-    n: usize,
-    k: usize,
-) -> Result<(), String> {
-    let mut de = rmp_serde::Deserializer::from_read_ref(rd);
+    let n = rd
+        .uint()
+        .filter(|&n| n <= MAX_VALUES as u64)
+        .ok_or("bad value count")? as usize;
+    let k = match rd.marker()? {
+        Marker::FixMap(k) => k as usize,
+        Marker::Map16 => rd.be::<2>()? as usize,
+        Marker::Map32 => rd.be::<4>()? as usize,
+        _ => return Err("expected a map".into()),
+    };
+    if k > n {
+        return Err("more values than the count".into());
+    }
     for _ in 0..k {
-        let pos = u64::deserialize(&mut de).map_err(|e| format!("bad position: {e}"))?;
-        let pos = usize::try_from(pos)
-            .ok()
+        let pos = rd
+            .uint()
+            .and_then(|p| usize::try_from(p).ok())
             .filter(|p| (1..=n).contains(p))
-            .ok_or_else(|| "bad position".to_string())?;
-        seed.deserialize(&mut de).map_err(|e| e.to_string())?;
+            .ok_or("bad position")?;
+        rd.value(0)?;
         // n <= MAX_VALUES fits a c_int
-        seed.push(Op::Place(pos as c_int));
+        rd.ops.push(Op::Place(pos as c_int));
     }
-    // The slice reader does not say what is left, but reading an option
-    // takes exactly one marker byte, and only an empty input fails there.
-    match (&mut de).deserialize_option(EndProbe) {
-        Err(rmp_serde::decode::Error::InvalidMarkerRead(e))
-            if e.kind() == io::ErrorKind::UnexpectedEof =>
-        {
-            Ok(())
-        }
-        _ => Err("trailing bytes".to_string()),
+    if !rd.rest.is_empty() {
+        return Err("trailing bytes".into());
     }
+    Ok(Decoded { n, ops: rd.ops })
 }
 
-/// Accepts whatever marker comes without reading past it.
-struct EndProbe;
-
-impl<'de> Visitor<'de> for EndProbe {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("anything")
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
-
-    fn visit_some<D: de::Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
-        Ok(())
-    }
-}
-
-/// What a seed pushed, as far as table keys care.
-enum Pushed {
-    Null,
-    NaN,
-    Other,
-}
-
-/// Turns one msgpack value into the ops that push it.
-#[derive(Clone, Copy)]
-struct ValueSeed<'b, 'a> {
-    ops: &'b RefCell<Vec<Op<'a>>>,
-    /// Number of tables enclosing the value.
-    depth: usize,
-    /// Upper bound for table preallocation: a count in a corrupt payload must
-    /// not make us allocate more than the payload could hold.
+/// A payload being read into ops, a marker at a time.
+struct Reader<'a> {
+    rest: &'a [u8],
+    ops: Vec<Op<'a>>,
+    /// Upper bound for table preallocation: a count in a corrupt payload
+    /// must not make us allocate more than the payload could hold.
     cap: usize,
     /// The payload's borrowed strings; their bytes are alive for 'a (see
     /// decode).
     spans: &'a [Span],
 }
 
-impl<'a> ValueSeed<'_, 'a> {
-    fn push(&self, op: Op<'a>) {
-        self.ops.borrow_mut().push(op);
+/// What a value was, as far as table keys care.
+enum Pushed {
+    Null,
+    NaN,
+    Other,
+}
+
+const TRUNCATED: &str = "truncated payload";
+
+impl<'a> Reader<'a> {
+    #[inline(always)]
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.rest.len() < n {
+            return Err(TRUNCATED.into());
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(head)
     }
 
-    fn inner(self) -> Self {
-        ValueSeed {
-            depth: self.depth + 1,
-            ..self
+    #[inline(always)]
+    fn marker(&mut self) -> Result<Marker, String> {
+        Ok(Marker::from_u8(self.take(1)?[0]))
+    }
+
+    /// A big-endian unsigned integer of N bytes.
+    #[inline(always)]
+    fn be<const N: usize>(&mut self) -> Result<u64, String> {
+        Ok(self.take(N)?.iter().fold(0, |v, &b| v << 8 | u64::from(b)))
+    }
+
+    /// A non-negative integer of any int encoding.
+    #[inline(always)]
+    fn uint(&mut self) -> Option<u64> {
+        match self.number().ok()? {
+            Number::Int(i) => u64::try_from(i).ok(),
+            Number::Uint(u) => Some(u),
+            Number::Float(_) | Number::Not(_) => None,
         }
     }
 
-    fn check_depth<E: de::Error>(&self) -> Result<(), E> {
-        if self.depth + 1 > MAX_DEPTH {
-            return Err(E::custom(format!("tables nested deeper than {MAX_DEPTH}")));
+    /// Reads a number, or the marker of something else.
+    #[inline(always)]
+    fn number(&mut self) -> Result<Number, String> {
+        Ok(match self.marker()? {
+            Marker::FixPos(u) => Number::Uint(u.into()),
+            Marker::FixNeg(i) => Number::Int(i.into()),
+            Marker::U8 => Number::Uint(self.be::<1>()?),
+            Marker::U16 => Number::Uint(self.be::<2>()?),
+            Marker::U32 => Number::Uint(self.be::<4>()?),
+            Marker::U64 => Number::Uint(self.be::<8>()?),
+            Marker::I8 => Number::Int(self.be::<1>()? as i8 as i64),
+            Marker::I16 => Number::Int(self.be::<2>()? as i16 as i64),
+            Marker::I32 => Number::Int(self.be::<4>()? as i32 as i64),
+            Marker::I64 => Number::Int(self.be::<8>()? as i64),
+            Marker::F32 => Number::Float(f32::from_bits(self.be::<4>()? as u32).into()),
+            Marker::F64 => Number::Float(f64::from_bits(self.be::<8>()?)),
+            m => Number::Not(m),
+        })
+    }
+
+    /// One value, `depth` tables deep, into ops.
+    fn value(&mut self, depth: usize) -> Result<Pushed, String> {
+        // The markers small tables of short strings are made of, first.
+        match self.rest.first() {
+            Some(&b @ 0x00..=0x7f) => {
+                self.rest = &self.rest[1..];
+                return Ok(self.push_number(b.into()));
+            }
+            Some(&b @ 0xa0..=0xbf) => {
+                self.rest = &self.rest[1..];
+                let op = Op::Bytes(self.take((b & 0x1f).into())?);
+                self.ops.push(op);
+                return Ok(Pushed::Other);
+            }
+            Some(0xc4 | 0xd9) => {
+                self.rest = &self.rest[1..];
+                let op = self.bytes::<1>()?;
+                self.ops.push(op);
+                return Ok(Pushed::Other);
+            }
+            _ => {}
         }
-        Ok(())
+        let marker = match self.number()? {
+            // Through f64: that is all a Lua number can hold.
+            Number::Int(i) => return Ok(self.push_number(i as f64)),
+            Number::Uint(u) => return Ok(self.push_number(u as f64)),
+            Number::Float(f) => return Ok(self.push_number(f)),
+            Number::Not(m) => m,
+        };
+        let op = match marker {
+            Marker::Null => {
+                self.ops.push(Op::Null);
+                return Ok(Pushed::Null);
+            }
+            Marker::True => Op::Bool(true),
+            Marker::False => Op::Bool(false),
+            Marker::FixStr(n) => Op::Bytes(self.take(n.into())?),
+            Marker::Str8 | Marker::Bin8 => self.bytes::<1>()?,
+            Marker::Str16 | Marker::Bin16 => self.bytes::<2>()?,
+            Marker::Str32 | Marker::Bin32 => self.bytes::<4>()?,
+            Marker::FixArray(n) => return self.array(n.into(), depth),
+            Marker::Array16 => return self.be::<2>().and_then(|n| self.array(n, depth)),
+            Marker::Array32 => return self.be::<4>().and_then(|n| self.array(n, depth)),
+            Marker::FixMap(n) => return self.map(n.into(), depth),
+            Marker::Map16 => return self.be::<2>().and_then(|n| self.map(n, depth)),
+            Marker::Map32 => return self.be::<4>().and_then(|n| self.map(n, depth)),
+            Marker::FixExt1 => self.ext(1)?,
+            Marker::FixExt2 => self.ext(2)?,
+            Marker::FixExt4 => self.ext(4)?,
+            Marker::FixExt8 => self.ext(8)?,
+            Marker::FixExt16 => self.ext(16)?,
+            Marker::Ext8 => self.be::<1>().and_then(|n| self.ext(n))?,
+            Marker::Ext16 => self.be::<2>().and_then(|n| self.ext(n))?,
+            Marker::Ext32 => self.be::<4>().and_then(|n| self.ext(n))?,
+            _ => return Err("reserved msgpack marker".into()),
+        };
+        self.ops.push(op);
+        Ok(Pushed::Other)
     }
 
-    /// A new table with room for `narr` array and `nrec` hash items.
-    fn push_table(&self, narr: usize, nrec: usize) {
-        let size = |n: usize| n.min(self.cap).min(c_int::MAX as usize) as c_int;
-        self.push(Op::Table(size(narr), size(nrec)));
+    /// A string whose length takes N bytes.
+    #[inline(always)]
+    fn bytes<const N: usize>(&mut self) -> Result<Op<'a>, String> {
+        let len = self.be::<N>()? as usize;
+        Ok(Op::Bytes(self.take(len)?))
     }
 
-    fn push_number<E: de::Error>(&self, f: f64) -> Result<Pushed, E> {
-        self.push(Op::Number(f));
-        Ok(if f.is_nan() {
+    /// An ext of `len` data bytes, its marker and length read: only a
+    /// borrowed string is one.
+    fn ext(&mut self, len: u64) -> Result<Op<'a>, String> {
+        let ty = self.take(1)?[0] as i8;
+        let data = self.take(len as usize)?;
+        if ty != BORROWED {
+            return Err("unsupported msgpack ext type".into());
+        }
+        let span = <[u8; 4]>::try_from(data)
+            .ok()
+            .and_then(|index| self.spans.get(u32::from_be_bytes(index) as usize))
+            .ok_or("bad borrowed string")?;
+        // SAFETY: the spans' bytes are alive for 'a (decode's contract).
+        Ok(Op::Bytes(unsafe { span.bytes() }))
+    }
+
+    #[inline(always)]
+    fn push_number(&mut self, f: f64) -> Pushed {
+        self.ops.push(Op::Number(f));
+        if f.is_nan() {
             Pushed::NaN
         } else {
             Pushed::Other
-        })
-    }
-}
-
-impl<'de: 'a, 'a> DeserializeSeed<'de> for ValueSeed<'_, 'a> {
-    type Value = Pushed;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Pushed, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de: 'a, 'a> Visitor<'de> for ValueSeed<'_, 'a> {
-    type Value = Pushed;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a msgpack value")
+        }
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<Pushed, E> {
-        self.push(Op::Null);
-        Ok(Pushed::Null)
+    /// A new table with room for `narr` array and `nrec` hash items.
+    fn table(&mut self, depth: usize, narr: u64, nrec: u64) -> Result<(), String> {
+        if depth + 1 > MAX_DEPTH {
+            return Err(format!("tables nested deeper than {MAX_DEPTH}"));
+        }
+        let size = |n: u64| n.min(self.cap as u64).min(c_int::MAX as u64) as c_int;
+        self.ops.push(Op::Table(size(narr), size(nrec)));
+        Ok(())
     }
 
-    fn visit_none<E: de::Error>(self) -> Result<Pushed, E> {
-        self.visit_unit()
-    }
-
-    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Pushed, E> {
-        self.push(Op::Bool(b));
-        Ok(Pushed::Other)
-    }
-
-    fn visit_i64<E: de::Error>(self, i: i64) -> Result<Pushed, E> {
-        // Through f64: that is all a Lua number can hold.
-        self.push_number(i as f64)
-    }
-
-    fn visit_u64<E: de::Error>(self, u: u64) -> Result<Pushed, E> {
-        self.push_number(u as f64)
-    }
-
-    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Pushed, E> {
-        self.push_number(f)
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Pushed, E> {
-        self.visit_borrowed_bytes(s.as_bytes())
-    }
-
-    fn visit_borrowed_bytes<E: de::Error>(self, b: &'de [u8]) -> Result<Pushed, E> {
-        self.push(Op::Bytes(b));
-        Ok(Pushed::Other)
-    }
-
-    /// An ext type: only a borrowed string is one.
-    fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<Pushed, D::Error> {
-        let span = d.deserialize_any(SpanOf(self.spans))?;
-        // SAFETY: the spans' bytes are alive for 'a (decode's contract).
-        self.push(Op::Bytes(unsafe { span.bytes() }));
-        Ok(Pushed::Other)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Pushed, A::Error> {
-        self.check_depth()?;
-        self.push_table(seq.size_hint().unwrap_or(0), 0);
-        let mut i: c_int = 0;
-        while seq.next_element_seed(self.inner())?.is_some() {
-            i = i
-                .checked_add(1)
-                .ok_or_else(|| de::Error::custom("array too long"))?;
-            self.push(Op::SetIndex(i));
+    fn array(&mut self, n: u64, depth: usize) -> Result<Pushed, String> {
+        self.table(depth, n, 0)?;
+        // a payload's length bounds n: a corrupt one runs out of bytes
+        for i in 1..=n {
+            self.value(depth + 1)?;
+            let i = c_int::try_from(i).map_err(|_| "array too long")?;
+            self.ops.push(Op::SetIndex(i));
         }
         Ok(Pushed::Other)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pushed, A::Error> {
-        self.check_depth()?;
-        self.push_table(0, map.size_hint().unwrap_or(0));
-        while let Some(key) = map.next_key_seed(self.inner())? {
-            match key {
-                Pushed::Null => return Err(de::Error::custom("nil table key")),
-                Pushed::NaN => return Err(de::Error::custom("NaN table key")),
+    fn map(&mut self, n: u64, depth: usize) -> Result<Pushed, String> {
+        self.table(depth, 0, n)?;
+        for _ in 0..n {
+            match self.value(depth + 1)? {
+                Pushed::Null => return Err("nil table key".into()),
+                Pushed::NaN => return Err("NaN table key".into()),
                 Pushed::Other => {}
             }
-            map.next_value_seed(self.inner())?;
+            self.value(depth + 1)?;
             // the key is neither nil nor NaN
-            self.push(Op::SetField);
+            self.ops.push(Op::SetField);
         }
         Ok(Pushed::Other)
     }
 }
 
-/// Reads a borrowed string's ext (tag, index) into its span.
-struct SpanOf<'s>(&'s [Span]);
-
-impl<'de> Visitor<'de> for SpanOf<'_> {
-    type Value = Span;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a borrowed string")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut ext: A) -> Result<Span, A::Error> {
-        let bad = || de::Error::custom("bad borrowed string");
-        if ext.next_element::<i8>()? != Some(BORROWED) {
-            return Err(de::Error::custom("unsupported msgpack ext type"));
-        }
-        let data: &[u8] = ext.next_element()?.ok_or_else(bad)?;
-        let index = <[u8; 4]>::try_from(data).map_err(|_| bad())?;
-        self.0
-            .get(u32::from_be_bytes(index) as usize)
-            .copied()
-            .ok_or_else(bad)
-    }
+/// A number read, or the marker of another value.
+enum Number {
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Not(Marker),
 }
 
 /// The text of a payload holding one error value (a string), for a log

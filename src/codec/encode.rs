@@ -3,17 +3,16 @@
 //! walked through `Slot` (lua/stack.rs), which only reads: nothing here
 //! allocates in Lua or raises, so it may run under a panic guard.
 
-use super::message::{escape, format_g14, lua_type_name, size_message, Ctx, Kind};
+use super::message::{escape, format_g14, lua_type_name, size_message, EncError, Kind};
 use super::wire::{
-    as_int, bin_header_len, CodecError, CountingWriter, Span, BORROWED, BORROWED_EXT_LEN, EXT,
-    MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
+    as_int, bin_header_len, CodecError, Span, BORROWED, BORROWED_EXT_LEN, MAX_DEPTH, MAX_PAYLOAD,
+    MAX_VALUES, NEST_SLOTS,
 };
 use crate::lua::stack::{self, Slot};
 use crate::ngx::guard;
 use mlua::ffi::{self, lua_State};
-use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
-use std::cell::{Cell, RefCell};
-use std::ffi::c_int;
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
 
 /// Stack slots an encoding needs above the top.
 const WALK_SLOTS: usize = NEST_SLOTS + 2;
@@ -39,7 +38,7 @@ pub struct Borrow {
 }
 
 /// Where the strings an encoding borrows go.
-pub(super) enum Sink<'a> {
+enum Sink<'a> {
     /// Their spans, in the payload's order.
     Spans(&'a mut Vec<Span>),
     /// The strings themselves, into `t[next..]` of the table at `table`.
@@ -133,77 +132,306 @@ unsafe fn encode_into(
             "too many {what}s (max {MAX_VALUES})"
         )));
     }
-    let written = Cell::new(0);
-    let oom = Cell::new(false);
-    let mut w = CountingWriter {
+    let mut walk = Walk {
         out,
-        written: &written,
-        oom: &oom,
-    };
-    let ctx = Ctx {
-        stack: RefCell::new(Vec::new()),
-        written: &written,
-        err: RefCell::new(None),
+        written: 0,
+        visiting: Vec::new(),
         borrow,
-        sink: RefCell::new(sink),
+        sink,
     };
     // SAFETY: forwarded from the caller: src holds n values, and a slot is
     // reserved above the top for one pushed from an array.
-    let values = unsafe { Values::new(l, src, &ctx) };
+    let values = unsafe { Values::new(l, src) };
     let k = (1..=n)
         .filter(|&pos| values.with(pos, |v| v.lua_type() != ffi::LUA_TNIL))
         .count();
-    // Only running out of memory makes these fail.
-    rmp::encode::write_uint(&mut w, n as u64).map_err(|_| CodecError::OutOfMemory)?;
-    rmp::encode::write_map_len(&mut w, k as u32).map_err(|_| CodecError::OutOfMemory)?;
-    let mut ser = rmp_serde::Serializer::new(&mut w);
+    let header = walk.put(MARKER_MAX, |o| {
+        let _ = rmp::encode::write_uint(o, n as u64);
+        let _ = rmp::encode::write_map_len(o, k as u32);
+    });
+    header.map_err(|_| CodecError::OutOfMemory)?;
     for pos in 1..=n {
         let res = values.with(pos, |v| {
             if v.lua_type() == ffi::LUA_TNIL {
                 return Ok(());
             }
-            (&mut ser).serialize_u64(pos as u64)?;
-            v.serialize(&mut ser)
+            walk.put(MARKER_MAX, |o| {
+                let _ = rmp::encode::write_uint(o, pos as u64);
+            })?;
+            walk.value(v)
         });
-        if let Err(e) = res {
-            if oom.get() {
-                return Err(CodecError::OutOfMemory);
-            }
-            return Err(CodecError::Value(ctx.message(what, pos, e)));
+        match res {
+            Ok(()) => {}
+            Err(Fail::OutOfMemory) => return Err(CodecError::OutOfMemory),
+            Err(Fail::Value(e)) => return Err(CodecError::Value(e.message(what, pos))),
         }
     }
-    if written.get() > MAX_PAYLOAD {
+    if walk.written > MAX_PAYLOAD {
         return Err(CodecError::Value(size_message(what)));
     }
     Ok(())
 }
 
-/// The values of a Source, one Slot at a time.
-struct Values<'a, 'c> {
-    l: *mut lua_State,
-    src: Source,
-    ctx: &'a Ctx<'c>,
+/// Most bytes a marker with its scalar data takes (a float64, a uint64).
+const MARKER_MAX: usize = 9;
+
+/// Why a walk stopped.
+enum Fail {
+    /// The payload could not grow.
+    OutOfMemory,
+    Value(EncError),
 }
 
-impl<'a, 'c> Values<'a, 'c> {
+impl From<Kind> for Fail {
+    fn from(kind: Kind) -> Fail {
+        Fail::Value(kind.into())
+    }
+}
+
+impl Fail {
+    /// Adds a path segment while unwinding out of a table.
+    fn in_seg(mut self, seg: impl FnOnce() -> String) -> Fail {
+        if let Fail::Value(e) = &mut self {
+            e.segs.push(seg());
+        }
+        self
+    }
+}
+
+/// One encoding: writes the payload straight into `out`, without serde,
+/// a marker at a time (what one value costs is what the event loop pays
+/// per table entry).
+struct Walk<'a> {
+    /// None: only find the borrowed strings again (anchor).
+    out: Option<&'a mut Vec<u8>>,
+    /// Bytes of the payload so far, borrowed strings counted as copied,
+    /// so that MAX_PAYLOAD does not depend on what is borrowed.
+    written: usize,
+    /// Tables being visited, to tell a cycle from a shared subtable.
+    visiting: Vec<*const c_void>,
+    borrow: Option<Borrow>,
+    sink: Sink<'a>,
+}
+
+type Step = Result<(), Fail>;
+
+impl Walk<'_> {
+    /// Makes room for `room` bytes, then lets `f` write at most that many
+    /// (a write into reserved capacity cannot fail or allocate). The
+    /// payload's size comes from user data: a buffer that cannot grow is
+    /// an error, not an abort.
+    #[inline(always)]
+    fn put(&mut self, room: usize, f: impl FnOnce(&mut Vec<u8>)) -> Step {
+        let Some(out) = self.out.as_deref_mut() else {
+            return Ok(());
+        };
+        out.try_reserve(room).map_err(|_| Fail::OutOfMemory)?;
+        let before = out.len();
+        f(out);
+        self.written += out.len() - before;
+        Ok(())
+    }
+
+    fn value(&mut self, v: Slot<'_, ()>) -> Step {
+        self.typed(v, v.lua_type())
+    }
+
+    /// The value `v`, whose `lua_type` is `ty`.
+    fn typed(&mut self, v: Slot<'_, ()>, ty: c_int) -> Step {
+        match ty {
+            ffi::LUA_TBOOLEAN => self.put(1, |o| {
+                let _ = rmp::encode::write_bool(o, v.boolean());
+            }),
+            ffi::LUA_TNUMBER => self.number(v.number()),
+            ffi::LUA_TSTRING => self.string(v),
+            ffi::LUA_TTABLE => self.table(v),
+            ffi::LUA_TNIL => self.nil(),
+            ffi::LUA_TLIGHTUSERDATA if v.is_null() => self.nil(),
+            t => Err(Kind::Type(lua_type_name(t)).into()),
+        }
+    }
+
+    fn nil(&mut self) -> Step {
+        self.put(1, |o| {
+            let _ = rmp::encode::write_nil(o);
+        })
+    }
+
+    fn number(&mut self, f: f64) -> Step {
+        self.put(MARKER_MAX, |o| {
+            // Integral, in int64 range and not -0.0: the smallest int,
+            // else a float64.
+            match as_int(f) {
+                Some(i) if !(f == 0.0 && f.is_sign_negative()) => {
+                    let _ = rmp::encode::write_sint(o, i);
+                }
+                _ => {
+                    let _ = rmp::encode::write_f64(o, f);
+                }
+            }
+        })
+    }
+
+    fn string(&mut self, s: Slot<'_, ()>) -> Step {
+        let bytes = s.bytes();
+        let copied = bin_header_len(bytes.len()) + bytes.len();
+        // Checked before copying, so a huge string is never copied just to
+        // be refused (and never truncated to a u32 length).
+        if self.written + copied > MAX_PAYLOAD {
+            return Err(Kind::Size.into());
+        }
+        let borrows = self
+            .borrow
+            .is_some_and(|b| bytes.len() >= b.min && (b.nested || s.depth == 0));
+        let index = match &mut self.sink {
+            _ if !borrows => None,
+            Sink::Spans(spans) => u32::try_from(spans.len()).ok().inspect(|_| {
+                spans.push(Span::of(bytes));
+            }),
+            Sink::Table { table, next } => {
+                s.store_in(*table, next.get());
+                next.set(next.get() + 1);
+                Some(0)
+            }
+        };
+        let Some(index) = index else {
+            return self.put(copied, |o| {
+                let _ = rmp::encode::write_bin(o, bytes);
+            });
+        };
+        self.put(BORROWED_EXT_LEN, |o| {
+            let _ = rmp::encode::write_ext_meta(o, 4, BORROWED);
+            o.extend_from_slice(&index.to_be_bytes());
+        })?;
+        // counted as if copied (the ext itself is counted already)
+        self.written += copied - BORROWED_EXT_LEN;
+        Ok(())
+    }
+
+    fn table(&mut self, t: Slot<'_, ()>) -> Step {
+        let ptr = t.pointer();
+        // Cycle, depth, contents: the first problem found is reported.
+        if self.visiting.contains(&ptr) {
+            return Err(Kind::Cyclic.into());
+        }
+        let level = t.depth + 1;
+        if level > MAX_DEPTH {
+            return Err(Kind::Deep.into());
+        }
+        self.visiting.push(ptr);
+        // A table without t[1] is no array: its pairs are walked once,
+        // their count written when known. Others are counted first.
+        let res = if t.border() == 0 {
+            self.pairs(t, None, level)
+        } else {
+            match shape(t) {
+                (n, true) => self.array(t, n, level),
+                (n, false) => self.pairs(t, Some(n), level),
+            }
+        };
+        self.visiting.pop();
+        res
+    }
+
+    fn array(&mut self, t: Slot<'_, ()>, n: usize, level: usize) -> Step {
+        self.put(5, |o| {
+            let _ = rmp::encode::write_array_len(o, n as u32);
+        })?;
+        let v = t.at(t.top() + 1, level);
+        // LuaJIT tables hold fewer than 2^28 keys, so `n` fits a c_int.
+        for i in 1..=n as c_int {
+            t.push_index(i);
+            let res = self.value(v);
+            t.pop_to(v.idx - 1);
+            res.map_err(|e| e.in_seg(|| format!("[{i}]")))?;
+        }
+        Ok(())
+    }
+
+    /// The table's pairs as a map of `count` pairs, or, when that is not
+    /// known yet, of as many as the walk finds (the header is then
+    /// written for a small map and widened if it was not).
+    fn pairs(&mut self, t: Slot<'_, ()>, count: Option<usize>, level: usize) -> Step {
+        let at = self.out.as_ref().map_or(0, |o| o.len());
+        self.put(5, |o| {
+            let _ = rmp::encode::write_map_len(o, count.unwrap_or(0) as u32);
+        })?;
+        // Raw `next` order: the same walk twice (encode, then anchor)
+        // meets the strings in the same order.
+        let k = t.at(t.top() + 1, level);
+        let v = t.at(k.idx + 1, level);
+        let mut found = 0usize;
+        t.start_pairs();
+        while t.next() {
+            found += 1;
+            self.key(k)?;
+            self.value(v).map_err(|e| e.in_seg(|| key_segment(k)))?;
+            // Pops the value (and whatever nested walks left); the key stays
+            // for `next`.
+            t.pop_to(k.idx);
+        }
+        if count.is_none() {
+            self.fix_map_len(at, found)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the map header at `at`, written for 0 pairs, for `n`.
+    fn fix_map_len(&mut self, at: usize, n: usize) -> Step {
+        let Some(out) = self.out.as_deref_mut() else {
+            return Ok(());
+        };
+        if n < 16 {
+            // a fixmap, as written
+            out[at] |= n as u8;
+            return Ok(());
+        }
+        let mut header = [0u8; 5];
+        let mut w = &mut header[..];
+        let _ = rmp::encode::write_map_len(&mut w, n as u32);
+        let len = 5 - w.len();
+        out.try_reserve(len - 1).map_err(|_| Fail::OutOfMemory)?;
+        out.splice(at..at + 1, header[..len].iter().copied());
+        self.written += len - 1;
+        Ok(())
+    }
+
+    fn key(&mut self, k: Slot<'_, ()>) -> Step {
+        match k.lua_type() {
+            ty @ (ffi::LUA_TSTRING | ffi::LUA_TNUMBER | ffi::LUA_TBOOLEAN) => self.typed(k, ty),
+            ffi::LUA_TTABLE => self.table(k).map_err(|e| e.in_seg(|| "(key)".into())),
+            // ngx.null included: it would come back as a key nobody can
+            // look up.
+            t => Err(Kind::Key(lua_type_name(t)).into()),
+        }
+    }
+}
+
+/// The values of a Source, one Slot at a time.
+struct Values {
+    l: *mut lua_State,
+    src: Source,
+}
+
+impl Values {
     /// # Safety
-    /// As encode.
-    unsafe fn new(l: *mut lua_State, src: Source, ctx: &'a Ctx<'c>) -> Values<'a, 'c> {
-        Values { l, src, ctx }
+    /// As encode_into.
+    unsafe fn new(l: *mut lua_State, src: Source) -> Values {
+        Values { l, src }
     }
 
     /// Runs `f` on value `pos` (1-based).
-    fn with<R>(&self, pos: usize, f: impl FnOnce(Slot<'a, Ctx<'c>>) -> R) -> R {
+    fn with<R>(&self, pos: usize, f: impl FnOnce(Slot<'_, ()>) -> R) -> R {
         match self.src {
             Source::Stack(first) => {
                 let idx = first + pos as c_int - 1;
                 // SAFETY: the caller of new vouched for the values at src.
-                let v = unsafe { Slot::new(self.l, idx, self.ctx) };
+                let v = unsafe { Slot::new(self.l, idx, &()) };
                 f(v)
             }
             Source::Array(table) => {
                 // SAFETY: as above; pos <= MAX_VALUES fits a c_int.
-                let t = unsafe { Slot::new(self.l, table, self.ctx) };
+                let t = unsafe { Slot::new(self.l, table, &()) };
                 let top = t.top();
                 t.push_index(pos as c_int);
                 let res = f(t.at(top + 1, 0));
@@ -214,218 +442,41 @@ impl<'a, 'c> Values<'a, 'c> {
     }
 }
 
-fn serialize_number<S: Serializer>(f: f64, s: S) -> Result<S::Ok, S::Error> {
-    // Integral, in int64 range and not -0.0: an int, else a float64.
-    match as_int(f) {
-        Some(i) if !(f == 0.0 && f.is_sign_negative()) => s.serialize_i64(i),
-        _ => s.serialize_f64(f),
-    }
-}
-
-fn serialize_string<S: Serializer>(bytes: &[u8], ctx: &Ctx, s: S) -> Result<S::Ok, S::Error> {
-    // Checked before copying, so a huge string is never copied just to be
-    // refused (and never truncated to a u32 length).
-    let total = ctx.written.get() + bin_header_len(bytes.len()) + bytes.len();
-    if total > MAX_PAYLOAD {
-        return Err(ctx.fail(Kind::Size));
-    }
-    s.serialize_bytes(bytes)
-}
-
-/// A borrowed string: an ext holding its span's index. It counts towards
-/// MAX_PAYLOAD as if copied, so that the limit does not depend on what is
-/// borrowed.
-fn serialize_borrowed<S: Serializer>(
-    index: u32,
-    len: usize,
-    ctx: &Ctx,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    let copied = bin_header_len(len) + len;
-    if ctx.written.get() + copied > MAX_PAYLOAD {
-        return Err(ctx.fail(Kind::Size));
-    }
-    // the writer counts the ext itself
-    ctx.written
-        .set(ctx.written.get() + copied - BORROWED_EXT_LEN);
-    s.serialize_newtype_struct(EXT, &(BORROWED, ExtData(&index.to_be_bytes())))
-}
-
-/// An ext type's data, which rmp-serde wants as bytes.
-struct ExtData<'a>(&'a [u8]);
-
-impl Serialize for ExtData<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(self.0)
-    }
-}
-
-impl Serialize for Slot<'_, Ctx<'_>> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.serialize_as(self.lua_type(), s)
-    }
-}
-
-impl Slot<'_, Ctx<'_>> {
-    /// Serializes the value, whose `lua_type` is `ty`.
-    fn serialize_as<S: Serializer>(&self, ty: c_int, s: S) -> Result<S::Ok, S::Error> {
-        match ty {
-            ffi::LUA_TBOOLEAN => s.serialize_bool(self.boolean()),
-            ffi::LUA_TNUMBER => serialize_number(self.number(), s),
-            ffi::LUA_TSTRING => self.serialize_string(s),
-            ffi::LUA_TTABLE => self.serialize_table(s),
-            ffi::LUA_TLIGHTUSERDATA if self.is_null() => s.serialize_unit(),
-            ffi::LUA_TNIL => s.serialize_unit(),
-            t => Err(self.ctx.fail(Kind::Type(lua_type_name(t)))),
-        }
-    }
-
-    fn serialize_string<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let bytes = self.bytes();
-        let ctx = self.ctx;
-        let borrows = ctx
-            .borrow
-            .is_some_and(|b| bytes.len() >= b.min && (b.nested || self.depth == 0));
-        if !borrows {
-            return serialize_string(bytes, ctx, s);
-        }
-        let index = match &mut *ctx.sink.borrow_mut() {
-            Sink::Spans(spans) => {
-                let Ok(index) = u32::try_from(spans.len()) else {
-                    return serialize_string(bytes, ctx, s);
-                };
-                spans.push(Span::of(bytes));
-                index
-            }
-            Sink::Table { table, next } => {
-                self.store_in(*table, next.get());
-                next.set(next.get() + 1);
-                0
-            }
-        };
-        serialize_borrowed(index, bytes.len(), ctx, s)
-    }
-
-    fn serialize_table<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let ctx = self.ctx;
-        let ptr = self.pointer();
-        // Cycle, depth, contents: the first problem found is reported.
-        if ctx.stack.borrow().contains(&ptr) {
-            return Err(ctx.fail(Kind::Cyclic));
-        }
-        let level = self.depth + 1;
-        if level > MAX_DEPTH {
-            return Err(ctx.fail(Kind::Deep));
-        }
-        let (count, is_array) = self.shape();
-
-        ctx.stack.borrow_mut().push(ptr);
-        let res = if is_array {
-            self.serialize_array(count, level, s)
-        } else {
-            self.serialize_pairs(count, level, s)
-        };
-        ctx.stack.borrow_mut().pop();
-        res
-    }
-
-    /// Returns the table's key count and whether its keys are exactly
-    /// 1..=count.
-    fn shape(&self) -> (usize, bool) {
-        let mut count = 0usize;
-        let mut max = 0usize;
-        let mut ints = true;
-        let key = self.at(self.top() + 1, 0);
-        self.start_pairs();
-        while self.next() {
-            count += 1;
-            if ints {
-                let i = match key.lua_type() {
-                    ffi::LUA_TNUMBER => match as_int(key.number()) {
-                        Some(i) if i >= 1 => i as usize,
-                        _ => 0,
-                    },
+/// Returns the table's key count and whether its keys are exactly
+/// 1..=count.
+fn shape(t: Slot<'_, ()>) -> (usize, bool) {
+    let mut count = 0usize;
+    let mut max = 0usize;
+    let mut ints = true;
+    let key = t.at(t.top() + 1, 0);
+    t.start_pairs();
+    while t.next() {
+        count += 1;
+        if ints {
+            let i = match key.lua_type() {
+                ffi::LUA_TNUMBER => match as_int(key.number()) {
+                    Some(i) if i >= 1 => i as usize,
                     _ => 0,
-                };
-                if i == 0 {
-                    ints = false;
-                }
-                max = max.max(i);
+                },
+                _ => 0,
+            };
+            if i == 0 {
+                ints = false;
             }
-            self.pop_to(key.idx);
+            max = max.max(i);
         }
-        // Distinct positive integer keys whose maximum is their count are 1..=n.
-        (count, count > 0 && ints && max == count)
+        t.pop_to(key.idx);
     }
-
-    fn serialize_array<S: Serializer>(
-        &self,
-        n: usize,
-        level: usize,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let ctx = self.ctx;
-        let mut seq = s.serialize_seq(Some(n))?;
-        let v = self.at(self.top() + 1, level);
-        // LuaJIT tables hold fewer than 2^28 keys, so `n` fits a c_int.
-        for i in 1..=n as c_int {
-            self.push_index(i);
-            let res = seq.serialize_element(&v);
-            self.pop_to(v.idx - 1);
-            res.inspect_err(|_| ctx.add_seg(|| format!("[{i}]")))?;
-        }
-        seq.end()
-    }
-
-    fn serialize_pairs<S: Serializer>(
-        &self,
-        n: usize,
-        level: usize,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let ctx = self.ctx;
-        let mut map = s.serialize_map(Some(n))?;
-        // Raw `next` order: the same walk twice (encode, then anchor)
-        // meets the strings in the same order.
-        let k = self.at(self.top() + 1, level);
-        let v = self.at(k.idx + 1, level);
-        self.start_pairs();
-        while self.next() {
-            map.serialize_key(&Key(&k))?;
-            map.serialize_value(&v)
-                .inspect_err(|_| ctx.add_seg(|| k.key_segment()))?;
-            // Pops the value (and whatever nested walks left); the key stays
-            // for `next`.
-            self.pop_to(k.idx);
-        }
-        map.end()
-    }
-
-    /// Path segment for this table key in an error message.
-    fn key_segment(&self) -> String {
-        match self.lua_type() {
-            ffi::LUA_TSTRING => format!("[\"{}\"]", escape(self.bytes())),
-            ffi::LUA_TNUMBER => format!("[{}]", format_g14(self.number())),
-            ffi::LUA_TBOOLEAN => format!("[{}]", self.boolean()),
-            t => format!("[{}]", lua_type_name(t)),
-        }
-    }
+    // Distinct positive integer keys whose maximum is their count are 1..=n.
+    (count, count > 0 && ints && max == count)
 }
 
-/// A table key being encoded.
-struct Key<'s, 'a, 'c>(&'s Slot<'a, Ctx<'c>>);
-
-impl Serialize for Key<'_, '_, '_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let k = self.0;
-        match k.lua_type() {
-            ty @ (ffi::LUA_TSTRING | ffi::LUA_TNUMBER | ffi::LUA_TBOOLEAN) => k.serialize_as(ty, s),
-            ffi::LUA_TTABLE => k
-                .serialize_as(ffi::LUA_TTABLE, s)
-                .inspect_err(|_| k.ctx.add_seg(|| "(key)".to_string())),
-            // ngx.null included: it would come back as a key nobody can
-            // look up.
-            t => Err(k.ctx.fail(Kind::Key(lua_type_name(t)))),
-        }
+/// Path segment for table key `k` in an error message.
+fn key_segment(k: Slot<'_, ()>) -> String {
+    match k.lua_type() {
+        ffi::LUA_TSTRING => format!("[\"{}\"]", escape(k.bytes())),
+        ffi::LUA_TNUMBER => format!("[{}]", format_g14(k.number())),
+        ffi::LUA_TBOOLEAN => format!("[{}]", k.boolean()),
+        t => format!("[{}]", lua_type_name(t)),
     }
 }

@@ -1,13 +1,9 @@
 //! Error messages of the encoder: what cannot cross, and where in the
 //! value it is (`cannot pass function in argument #1 at ["a"][3]`).
 
-use super::encode::{Borrow, Sink};
 use super::wire::{MAX_DEPTH, MAX_PAYLOAD};
 use mlua::ffi;
-use serde::ser;
-use std::cell::{Cell, RefCell};
-use std::ffi::{c_int, c_void};
-use std::fmt;
+use std::ffi::c_int;
 
 pub(super) enum Kind {
     /// Value of this Lua type cannot be passed.
@@ -19,6 +15,7 @@ pub(super) enum Kind {
     Size,
 }
 
+/// Why a value cannot be encoded, and where.
 pub(super) struct EncError {
     pub(super) kind: Kind,
     /// Path segments, innermost first: they are added while unwinding so
@@ -26,45 +23,25 @@ pub(super) struct EncError {
     pub(super) segs: Vec<String>,
 }
 
-/// State shared by the whole encoding of one payload.
-pub(super) struct Ctx<'a> {
-    /// Tables being visited, to tell a cycle from a shared subtable.
-    pub(super) stack: RefCell<Vec<*const c_void>>,
-    /// Bytes of the payload written so far.
-    pub(super) written: &'a Cell<usize>,
-    /// The real error; the serializer only carries a placeholder.
-    pub(super) err: RefCell<Option<EncError>>,
-    /// Which strings are borrowed, and where they go.
-    pub(super) borrow: Option<Borrow>,
-    pub(super) sink: RefCell<Sink<'a>>,
-}
-
-impl Ctx<'_> {
-    pub(super) fn fail<E: ser::Error>(&self, kind: Kind) -> E {
-        *self.err.borrow_mut() = Some(EncError {
+impl From<Kind> for EncError {
+    fn from(kind: Kind) -> EncError {
+        EncError {
             kind,
             segs: Vec::new(),
-        });
-        E::custom("lua value cannot be encoded")
-    }
-
-    pub(super) fn add_seg(&self, seg: impl FnOnce() -> String) {
-        if let Some(e) = self.err.borrow_mut().as_mut() {
-            e.segs.push(seg());
         }
     }
+}
 
-    pub(super) fn message(&self, what: &str, pos: usize, fallback: impl fmt::Display) -> String {
-        let Some(e) = self.err.borrow_mut().take() else {
-            return format!("cannot encode {what} #{pos}: {fallback}");
-        };
-        let path: String = e.segs.iter().rev().map(String::as_str).collect();
+impl EncError {
+    /// The caller's text for a failure in `what` #`pos`.
+    pub(super) fn message(self, what: &str, pos: usize) -> String {
+        let path: String = self.segs.iter().rev().map(String::as_str).collect();
         let at = if path.is_empty() {
             String::new()
         } else {
             format!(" at {path}")
         };
-        match e.kind {
+        match self.kind {
             Kind::Type(t) => format!("cannot pass {t} in {what} #{pos}{at}"),
             Kind::Key(t) => format!("cannot pass table key {t} in {what} #{pos}{at}"),
             Kind::Cyclic => format!("cyclic table in {what} #{pos}{at}"),

@@ -1,9 +1,7 @@
 //! The payload format's limits and the writer that builds a payload (the
 //! layout is in the codec's module comment).
 
-use std::cell::Cell;
 use std::fmt;
-use std::io;
 
 /// Deepest table nesting that can be passed (a top-level table is level 1).
 pub const MAX_DEPTH: usize = 100;
@@ -24,9 +22,6 @@ pub const BORROWED: i8 = 1;
 
 /// Bytes of a borrowed string's ext in the payload (fixext 4).
 pub(super) const BORROWED_EXT_LEN: usize = 6;
-
-/// The name under which rmp-serde writes and reads ext types.
-pub(super) const EXT: &str = "_ExtStruct";
 
 /// The bytes of a borrowed string. Whoever hands a payload with spans over
 /// keeps their bytes alive and unchanged until the payload is done with:
@@ -95,40 +90,6 @@ const TWO63: f64 = 9_223_372_036_854_775_808.0;
 /// walking a map; table and key while building one) and a leaf.  Reserved
 /// once up front, so that pushes need no check each.
 pub const NEST_SLOTS: usize = 2 * MAX_DEPTH + 2;
-
-/// Appends to the output and counts the payload's bytes, so that the
-/// `Serialize` impls (which never see the writer) can enforce MAX_PAYLOAD.
-pub(super) struct CountingWriter<'a> {
-    /// None: count only (encode::anchor walks again to find strings).
-    pub(super) out: Option<&'a mut Vec<u8>>,
-    pub(super) written: &'a Cell<usize>,
-    /// Set when the output could not grow: the payload's size comes from
-    /// user data, so running out of memory is an error, not an abort.
-    pub(super) oom: &'a Cell<bool>,
-}
-
-impl io::Write for CountingWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_all(buf)?;
-        Ok(buf.len())
-    }
-
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        if let Some(out) = self.out.as_mut() {
-            if out.try_reserve(buf.len()).is_err() {
-                self.oom.set(true);
-                return Err(io::ErrorKind::OutOfMemory.into());
-            }
-            out.extend_from_slice(buf);
-        }
-        self.written.set(self.written.get() + buf.len());
-        Ok(())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Bytes of a msgpack bin header for `len` bytes.
 pub(super) fn bin_header_len(len: usize) -> usize {

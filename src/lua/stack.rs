@@ -91,6 +91,14 @@ impl<'a, C> Slot<'a, C> {
         }
     }
 
+    /// A border of a table value, as Lua's `#` finds it (t[1] is nil when
+    /// it is 0).
+    pub fn border(&self) -> usize {
+        // SAFETY: as in lua_type; for a table lua_objlen reads the border
+        // without metamethods, allocating nothing.
+        unsafe { ffi::lua_objlen(self.l, self.idx) }
+    }
+
     pub fn pointer(&self) -> *const c_void {
         // SAFETY: as in lua_type.
         unsafe { ffi::lua_topointer(self.l, self.idx) }
