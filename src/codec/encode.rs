@@ -142,19 +142,21 @@ unsafe fn encode_into(
     // SAFETY: forwarded from the caller: src holds n values, and a slot is
     // reserved above the top for one pushed from an array.
     let values = unsafe { Values::new(l, src) };
-    let k = (1..=n)
-        .filter(|&pos| values.with(pos, |v| v.lua_type() != ffi::LUA_TNIL))
-        .count();
-    let header = walk.put(MARKER_MAX, |o| {
+    walk.put(MARKER_MAX, |o| {
         let _ = rmp::encode::write_uint(o, n as u64);
-        let _ = rmp::encode::write_map_len(o, k as u32);
-    });
-    header.map_err(|_| CodecError::OutOfMemory)?;
+    })
+    .map_err(|_| CodecError::OutOfMemory)?;
+    // The map's count, written once the nils are skipped (as for a table).
+    let at = walk.out.as_ref().map_or(0, |o| o.len());
+    walk.put(1, |o| o.push(FIXMAP_EMPTY))
+        .map_err(|_| CodecError::OutOfMemory)?;
+    let mut k = 0;
     for pos in 1..=n {
         let res = values.with(pos, |v| {
             if v.lua_type() == ffi::LUA_TNIL {
                 return Ok(());
             }
+            k += 1;
             walk.put(MARKER_MAX, |o| {
                 let _ = rmp::encode::write_uint(o, pos as u64);
             })?;
@@ -166,11 +168,17 @@ unsafe fn encode_into(
             Err(Fail::Value(e)) => return Err(CodecError::Value(e.message(what, pos))),
         }
     }
+    walk.fix_map_len(at, k)
+        .map_err(|_| CodecError::OutOfMemory)?;
     if walk.written > MAX_PAYLOAD {
         return Err(CodecError::Value(size_message(what)));
     }
     Ok(())
 }
+
+/// The header of an empty map, written where the count is not known yet
+/// (fix_map_len).
+const FIXMAP_EMPTY: u8 = 0x80;
 
 /// Most bytes a marker with its scalar data takes (a float64, a uint64).
 const MARKER_MAX: usize = 9;
@@ -353,8 +361,11 @@ impl Walk<'_> {
     /// written for a small map and widened if it was not).
     fn pairs(&mut self, t: Slot<'_, ()>, count: Option<usize>, level: usize) -> Step {
         let at = self.out.as_ref().map_or(0, |o| o.len());
-        self.put(5, |o| {
-            let _ = rmp::encode::write_map_len(o, count.unwrap_or(0) as u32);
+        self.put(5, |o| match count {
+            Some(n) => {
+                let _ = rmp::encode::write_map_len(o, n as u32);
+            }
+            None => o.push(FIXMAP_EMPTY),
         })?;
         // Raw `next` order: the same walk twice (encode, then anchor)
         // meets the strings in the same order.
@@ -376,14 +387,13 @@ impl Walk<'_> {
         Ok(())
     }
 
-    /// Rewrites the map header at `at`, written for 0 pairs, for `n`.
+    /// Rewrites the map header at `at`, FIXMAP_EMPTY, for `n` pairs.
     fn fix_map_len(&mut self, at: usize, n: usize) -> Step {
         let Some(out) = self.out.as_deref_mut() else {
             return Ok(());
         };
         if n < 16 {
-            // a fixmap, as written
-            out[at] |= n as u8;
+            out[at] = FIXMAP_EMPTY | n as u8;
             return Ok(());
         }
         let mut header = [0u8; 5];
