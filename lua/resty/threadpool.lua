@@ -249,6 +249,14 @@ end
 
 local _M = { _VERSION = "0.1.0" }
 
+-- Whether the caller of the running task gave up: in a pool thread, the
+-- module's own resty.threadpool answers (src/vm/cancel.lua); here, on the
+-- event loop, no task runs, so a handler shared with an inline fallback
+-- runs unchanged.
+function _M.cancelled()
+    return false
+end
+
 return setmetatable(_M, {
     __index = function(t, name)
         if type(name) ~= "string" then

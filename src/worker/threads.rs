@@ -9,7 +9,7 @@ use super::work::Job;
 use crate::codec;
 use crate::ngx::os::{self, Scheduling};
 use crate::ngx::{guard, log, notify};
-use crate::vm::{self, Outcome, PinKey, Ran, Spec, ThreadVm};
+use crate::vm::{self, cancel, Outcome, PinKey, Ran, Spec, ThreadVm};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -126,7 +126,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
             PoolStats::sub(&stats.queued);
             let (args, spans) = (job.args.part(i), &job.args.spans[..]);
             handled += args.len() + job.args.borrowed_per_task();
-            if job.is_cancelled() {
+            if job.cancelled().is_cancelled() {
                 PoolStats::add(&stats.cancelled);
                 debug(format_args!(
                     "task {:#x}.{i} skipped: its caller gave up",
@@ -151,10 +151,12 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 ..Payload::default()
             };
             let outcome = match &vm {
-                // SAFETY: whoever pushed keeps the spans' strings alive
-                // until the completion reaches the event loop, after this.
-                Ok(vm) => guard::catch(|| unsafe {
-                    vm.run(args, spans, &mut result.bytes, &mut result.spans)
+                Ok(vm) => guard::catch(|| {
+                    // SAFETY: whoever pushed keeps the spans' strings alive
+                    // until the completion reaches the event loop, after this.
+                    cancel::running(job.cancelled(), || unsafe {
+                        vm.run(args, spans, &mut result.bytes, &mut result.spans)
+                    })
                 })
                 .unwrap_or_else(|panic| {
                     vm::fail(&mut result.bytes, &panic);

@@ -12,7 +12,8 @@
 
 use super::payload::{Args, Payload};
 use super::tasks::TaskId;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::vm::cancel::Cancel;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -24,9 +25,8 @@ pub struct Work {
     pub args: Args,
     pub queued_at: Instant,
     /// Set on the event loop once the caller gave up (timeout, request
-    /// gone): tasks not started yet are skipped. Relaxed: it only decides
-    /// whether work is wasted, never what is read.
-    cancelled: AtomicBool,
+    /// gone): tasks not started yet are skipped, running ones may look.
+    cancelled: Cancel,
     /// The next task to claim; past the end once all are claimed.
     next: AtomicUsize,
     /// Tasks not finished. The thread that takes it to 0 sends the
@@ -47,7 +47,7 @@ impl Work {
             task,
             args,
             queued_at: Instant::now(),
-            cancelled: AtomicBool::new(false),
+            cancelled: Cancel::default(),
             next: AtomicUsize::new(0),
             left: AtomicUsize::new(n),
             results: Mutex::new((0..n).map(|_| Payload::default()).collect()),
@@ -65,12 +65,9 @@ impl Work {
         (i < self.count()).then_some(i)
     }
 
-    pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Relaxed)
+    /// The push's flag that its caller gave up (shared by its tasks).
+    pub fn cancelled(&self) -> &Cancel {
+        &self.cancelled
     }
 
     /// Stores the result of task `i`: true if it was the last to finish.
