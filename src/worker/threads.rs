@@ -2,6 +2,7 @@
 //! how it goes idle.
 
 use super::payload::{Payload, Pinned};
+use super::shadow::Shadow;
 use super::stats::PoolStats;
 use super::tasks::{LARGE, POSTED};
 use super::watchdog::Running;
@@ -28,6 +29,8 @@ pub struct ThreadSetup {
     pub stats: &'static PoolStats,
     pub watch: Watch,
     pub scheduling: Scheduling,
+    /// Where a sample of this pool's tasks runs again (shadow.rs).
+    pub shadow: Option<Arc<Shadow>>,
 }
 
 /// What a thread tells the watchdog of slow tasks.
@@ -43,6 +46,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         stats,
         watch,
         scheduling,
+        shadow,
     } = setup;
     os::block_async_signals();
     let pool = &spec.pool;
@@ -217,6 +221,19 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 vm = build();
             }
             handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
+            if let Some(expected) = &job.expected {
+                // SAFETY: a shadow task's arguments are those Expected::task
+                // made with expected (shadow.rs keeps them together).
+                if let Some(line) = unsafe { expected.check(&job.args, &result) } {
+                    report(log::NGX_LOG_WARN, format_args!("{line}"));
+                }
+                continue;
+            }
+            if let Some(shadow) = &shadow {
+                // SAFETY: the task is not finished: the arguments' strings
+                // and the result's pin are alive.
+                unsafe { shadow.offer(&job, i, &result) };
+            }
             if job.task == POSTED {
                 // Nobody takes the result; a failure is logged (at most
                 // once a second per thread, with how many were left

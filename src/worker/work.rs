@@ -10,8 +10,9 @@
 //! send per thread, not one per task. The thread that finishes the last
 //! task sends the completion and wakes the event loop, once per push.
 
+use super::compare::Expected;
 use super::payload::{Args, Payload};
-use super::tasks::TaskId;
+use super::tasks::{TaskId, POSTED};
 use crate::vm::cancel::Cancel;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,6 +36,9 @@ pub struct Work {
     left: AtomicUsize,
     /// Each task's result, stored by the thread that ran it.
     results: Mutex<Vec<Payload>>,
+    /// A shadow task's (shadow.rs): POOL's result to compare with; its
+    /// arguments' spans point into it.
+    pub expected: Option<Expected>,
 }
 
 /// How a pool thread shares a push.
@@ -42,8 +46,18 @@ pub type Job = Arc<Work>;
 
 impl Work {
     pub fn new(task: TaskId, args: Args) -> Job {
+        Arc::new(Work::with(task, args, None))
+    }
+
+    /// A shadow task: `args` (one task) run again on the shadow pool, to
+    /// compare with `expected`; nobody takes its result.
+    pub fn shadowing(args: Args, expected: Expected) -> Job {
+        Arc::new(Work::with(POSTED, args, Some(expected)))
+    }
+
+    fn with(task: TaskId, args: Args, expected: Option<Expected>) -> Work {
         let n = args.count();
-        Arc::new(Work {
+        Work {
             task,
             args,
             queued_at: Instant::now(),
@@ -51,7 +65,8 @@ impl Work {
             next: AtomicUsize::new(0),
             left: AtomicUsize::new(n),
             results: Mutex::new((0..n).map(|_| Payload::default()).collect()),
-        })
+            expected,
+        }
     }
 
     /// The number of tasks.
