@@ -10,6 +10,7 @@
 //! lua_thread_pool NAME threads=N [max_queue=M];
 //! thread_pool_slow_task_log POOL time | off;
 //! thread_pool_accept_gate on | off [high=N] [low=M];
+//! thread_pool_shadow POOL SHADOW [sample=RATIO];
 //! ```
 //! The pool itself is nginx's `thread_pool NAME threads=N [max_queue=M]`.
 
@@ -42,6 +43,8 @@ pub struct PoolConf {
     /// `thread_pool_zero_copy`: strings of at least this many bytes are
     /// read in place rather than copied (None: off).
     pub zero_copy: Option<usize>,
+    /// `thread_pool_shadow`: where a share of the pool's tasks runs again.
+    pub shadow: Option<ShadowConf>,
     /// From the thread_pool declaration, read at init_module.
     pub threads: usize,
     pub max_queue: usize,
@@ -59,6 +62,16 @@ pub struct MainConf {
     /// lua-nginx-module's main VM, whose package paths the threads get
     /// (found at postconfiguration; None under `nginx -t`).
     pub lua_vm: Option<crate::ngx::lua::MainVm>,
+}
+
+/// A pool's shadow as configured.
+pub struct ShadowConf {
+    /// The shadow's index in MainConf::pools.
+    pub pool: usize,
+    /// The share of tasks run again, in (0, 1].
+    pub sample: f64,
+    /// Where the directive is, for errors found once all is read.
+    pub at: String,
 }
 
 /// The accept gate's marks as configured (None: derived from the threads).
@@ -97,8 +110,14 @@ pub const BLOCK: usize = 4;
 
 impl MainConf {
     fn pool_mut(&mut self, cf: Conf, name: &[u8]) -> Result<&mut PoolConf, ConfError> {
+        let i = self.pool_index(cf, name)?;
+        Ok(&mut self.pools[i])
+    }
+
+    /// The index of pool `name`, added at its first mention.
+    fn pool_index(&mut self, cf: Conf, name: &[u8]) -> Result<usize, ConfError> {
         if let Some(i) = self.pools.iter().position(|p| p.name.as_bytes() == name) {
-            return Ok(&mut self.pools[i]);
+            return Ok(i);
         }
         let text = std::str::from_utf8(name).map_err(|_| ConfError::PoolNameNotUtf8)?;
         // SAFETY: cf is the configuration being parsed.
@@ -113,10 +132,11 @@ impl MainConf {
             slow_task: Some(DEFAULT_SLOW_TASK),
             scheduling: DEFAULT_SCHEDULING,
             zero_copy: Some(DEFAULT_ZERO_COPY),
+            shadow: None,
             threads: 0,
             max_queue: 0,
         });
-        Ok(self.pools.last_mut().unwrap())
+        Ok(self.pools.len() - 1)
     }
 
     /// Reads each pool's declaration and takes it from nginx (init_module).
@@ -146,6 +166,20 @@ impl MainConf {
             let (threads, max_queue) = p.pool.take(p.name.as_bytes()).map_err(ConfError::Layout)?;
             p.threads = threads;
             p.max_queue = max_queue;
+        }
+        // A shadow's own shadow would run tasks of neither pool's callers,
+        // and a cycle would keep both pools' channels open at exit.
+        for p in &self.pools {
+            if let Some(s) = &p.shadow {
+                let shadow = &self.pools[s.pool];
+                if shadow.shadow.is_some() {
+                    return Err(ConfError::ShadowChain {
+                        pool: p.name.clone(),
+                        shadow: shadow.name.clone(),
+                        at: s.at.clone(),
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -290,6 +324,37 @@ fn accept_gate(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
         }
     }
     main.gate = on.then_some(gate);
+    Ok(())
+}
+
+main_conf_setter!(set_shadow, shadow);
+
+/// `thread_pool_shadow POOL SHADOW [sample=RATIO];`.
+fn shadow(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let sample = match args.get(3).map(|a| lossy(a)) {
+        None => 1.0,
+        Some(arg) => arg
+            .strip_prefix("sample=")
+            .and_then(|r| r.parse::<f64>().ok())
+            .filter(|r| *r > 0.0 && *r <= 1.0)
+            .ok_or(ConfError::BadShadowSample(arg))?,
+    };
+    if args[1] == args[2] {
+        return Err(ConfError::ShadowOfItself(lossy(args[1])));
+    }
+    let shadow = main.pool_index(cf, args[2])?;
+    let pool = main.pool_mut(cf, args[1])?;
+    if pool.shadow.is_some() {
+        return Err(ConfError::Duplicate {
+            pool: pool.name.clone(),
+        });
+    }
+    pool.shadow = Some(ShadowConf {
+        pool: shadow,
+        sample,
+        at: cf.file_line(),
+    });
     Ok(())
 }
 

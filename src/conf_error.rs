@@ -19,6 +19,11 @@ pub enum ConfError {
     BadScheduling(String),
     /// A `thread_pool_zero_copy` size that is neither a size > 0 nor off.
     BadZeroCopy(String),
+    /// A `thread_pool_shadow` parameter that is not sample=RATIO, RATIO
+    /// in (0, 1].
+    BadShadowSample(String),
+    /// `thread_pool_shadow P P`.
+    ShadowOfItself(String),
     NoMemory,
     Read {
         path: String,
@@ -40,6 +45,12 @@ pub enum ConfError {
     SharedWithAio {
         pool: String,
         place: String,
+        at: String,
+    },
+    /// A pool's shadow that has a shadow of its own.
+    ShadowChain {
+        pool: String,
+        shadow: String,
         at: String,
     },
     /// nginx's `thread_pool` struct did not read as expected.
@@ -66,6 +77,15 @@ impl fmt::Display for ConfError {
             ConfError::BadZeroCopy(p) => {
                 write!(f, "takes a size (16k, 1m...) or off: invalid \"{p}\"")
             }
+            ConfError::BadShadowSample(p) => {
+                write!(
+                    f,
+                    "takes POOL SHADOW [sample=RATIO], RATIO in (0, 1]: invalid \"{p}\""
+                )
+            }
+            ConfError::ShadowOfItself(p) => {
+                write!(f, "cannot make thread pool \"{p}\" its own shadow")
+            }
             ConfError::NoMemory => f.write_str("no memory"),
             ConfError::Read { path, err } => write!(f, "cannot read \"{path}\": {err}"),
             ConfError::Block(msg) => f.write_str(msg),
@@ -80,6 +100,11 @@ impl fmt::Display for ConfError {
                 "thread pool \"{pool}\" has a thread_pool_process_by_lua handler and cannot \
                  also serve \"aio threads\" (in {place}): declare another thread_pool for aio, \
                  in {at}"
+            ),
+            ConfError::ShadowChain { pool, shadow, at } => write!(
+                f,
+                "thread pool \"{pool}\" has the shadow \"{shadow}\", which has a shadow of its \
+                 own: a shadow cannot be shadowed, in {at}"
             ),
             ConfError::Layout(msg) => f.write_str(msg),
         }

@@ -44,7 +44,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 13] = [
+static mut COMMANDS: [sys::ngx_command_t; 14] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -109,6 +109,12 @@ static mut COMMANDS: [sys::ngx_command_t; 13] = [
         ngx_string(c"thread_pool_accept_gate"),
         sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_1MORE,
         conf::set_accept_gate,
+        0,
+    ),
+    command(
+        ngx_string(c"thread_pool_shadow"),
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
+        conf::set_shadow,
         0,
     ),
     command(
@@ -288,6 +294,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     max_queue: p.max_queue,
                     slow_task: p.slow_task,
                     scheduling: p.scheduling,
+                    shadow: p.shadow.as_ref().map(|s| (s.pool, s.sample)),
                 })
             })
             .collect();

@@ -9,7 +9,7 @@
 use crate::ngx::http;
 use crate::ngx::sys;
 use crate::worker::gate::{GateShared, GateSlot};
-use crate::worker::stats::{PoolStats, BUCKET_BOUNDS_US, STATS_LEN};
+use crate::worker::stats::{PoolStats, BUCKET_BOUNDS_US, SHADOW_AT, SHADOW_NAMES, STATS_LEN};
 use std::ffi::{c_char, c_void};
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
@@ -40,9 +40,16 @@ unsafe extern "C" fn status_handler(r: *mut sys::ngx_http_request_t) -> sys::ngx
                 let Some(table) = &c.status else {
                     return String::new();
                 };
-                let mut out = table
-                    .all()
-                    .map_or_else(String::new, |all| render(&names, all));
+                let shadows: Vec<Option<&str>> = c
+                    .pools
+                    .iter()
+                    .map(|p| p.shadow.as_ref().map(|s| c.pools[s.pool].name.as_str()))
+                    .collect();
+                let mut out = table.all().map_or_else(String::new, |all| {
+                    let mut out = render(&names, all);
+                    render_shadows(&mut out, &names, &shadows, all);
+                    out
+                });
                 if let (Some(_), Some((shared, slots))) = (c.gate, table.gate()) {
                     render_gate(&mut out, shared, slots);
                 }
@@ -157,6 +164,39 @@ fn render(names: &[&str], all: &[PoolStats]) -> String {
         }
     }
     out
+}
+
+/// The shadow counters of each pool that has a shadow, labelled with both
+/// pools, for every worker that used its row.
+fn render_shadows(out: &mut String, names: &[&str], shadows: &[Option<&str>], all: &[PoolStats]) {
+    const HELP: [&str; SHADOW_NAMES.len()] = [
+        "Tasks run again on the shadow pool and their results compared.",
+        "Compared tasks whose results differed.",
+        "Sampled tasks not compared: the shadow's queue was full.",
+    ];
+    if shadows.iter().all(Option::is_none) {
+        return;
+    }
+    let mut rows = Vec::new();
+    for (i, stats) in all.iter().enumerate() {
+        let (pool, shadow) = (i % names.len(), shadows[i % names.len()]);
+        let mut v = Vec::with_capacity(STATS_LEN);
+        stats.write(&mut v);
+        if let (Some(shadow), true) = (shadow, v[0] > 0) {
+            rows.push((i / names.len(), names[pool], shadow, v));
+        }
+    }
+    for (k, (counter, help)) in SHADOW_NAMES.iter().zip(HELP).enumerate() {
+        let name = format!("ngx_threadpool_shadow_{counter}_total");
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (worker, pool, shadow, v) in &rows {
+            let _ = writeln!(
+                out,
+                "{name}{{pool=\"{pool}\",shadow=\"{shadow}\",worker=\"{worker}\"}} {}",
+                v[SHADOW_AT + k]
+            );
+        }
+    }
 }
 
 /// (name, help, type, value) of each accept gate metric of a worker.

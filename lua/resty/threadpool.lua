@@ -155,7 +155,10 @@ local COUNTERS = { "threads", "busy", "queued", "pushed", "completed",
                    "errors", "rejected", "timed_out", "abandoned",
                    "cancelled" }
 local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
-local STATS_LEN = #COUNTERS + 2 * (#BOUNDS + 1)
+-- then the shadow counters (thread_pool_shadow), as shadow_<name>
+local SHADOW = { "compared", "mismatched", "skipped" }
+local SHADOW_AT = #COUNTERS + 2 * (#BOUNDS + 1)
+local STATS_LEN = SHADOW_AT + #SHADOW
 local stats_out = ffi_new("uint64_t[?]", STATS_LEN)
 
 local function histogram(offset)
@@ -237,9 +240,12 @@ function Pool.stats(self)
     if n ~= STATS_LEN then
         return nil, "no stats outside a worker process"
     end
-    local t = new_tab(0, #COUNTERS + 3)
+    local t = new_tab(0, #COUNTERS + #SHADOW + 3)
     for i = 1, #COUNTERS do
         t[COUNTERS[i]] = tonumber(stats_out[i - 1])
+    end
+    for i = 1, #SHADOW do
+        t["shadow_" .. SHADOW[i]] = tonumber(stats_out[SHADOW_AT + i - 1])
     end
     t.in_flight = t.queued + t.busy
     t.wait = histogram(#COUNTERS)
@@ -248,6 +254,14 @@ function Pool.stats(self)
 end
 
 local _M = { _VERSION = "0.1.0" }
+
+-- Whether the caller of the running task gave up: in a pool thread, the
+-- module's own resty.threadpool answers (src/vm/cancel.lua); here, on the
+-- event loop, no task runs, so a handler shared with an inline fallback
+-- runs unchanged.
+function _M.cancelled()
+    return false
+end
 
 return setmetatable(_M, {
     __index = function(t, name)

@@ -11,6 +11,7 @@
 //! collection. A finalizer may run anywhere, as on the event loop, and its
 //! error stops at that call's boundary.
 
+pub mod cancel;
 pub mod chunk;
 mod ngx_api;
 mod ngx_re;
@@ -199,6 +200,7 @@ fn build(lua: &Lua, spec: &Spec) -> Result<(*mut lua_State, Refs, Calls), String
         }
     }
     ngx_api::install(lua, &spec.pool, spec.log, &spec.ngx).map_err(|e| error_text(&e))?;
+    cancel::install(lua).map_err(|e| error_text(&e))?;
     let ngx: mlua::Table = lua.globals().get("ngx").map_err(|e| error_text(&e))?;
     let log: mlua::Function = ngx.get("log").map_err(|e| error_text(&e))?;
     let warn: mlua::Value = ngx.get("WARN").map_err(|e| error_text(&e))?;

@@ -6,9 +6,11 @@
 //! completion channel of the worker and wakes the event loop
 //! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
+mod compare;
 mod error;
 pub mod gate;
 pub mod payload;
+mod shadow;
 pub mod stats;
 pub mod tasks;
 mod threads;
@@ -23,6 +25,7 @@ use crate::ngx::os::Scheduling;
 use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use payload::Args;
+use shadow::Shadow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -37,8 +40,9 @@ struct Pool {
     /// The bound on queued tasks, counted by `stats.queued` rather than
     /// given to `bounded()`, which would preallocate and touch every slot
     /// (2.5 MiB per pool and worker for nginx's default max_queue of
-    /// 65536) and count a batch as one. Only the event loop adds to the
-    /// count, so the bound holds.
+    /// 65536) and count a batch as one. The event loop and the threads of
+    /// pools this one shadows add to the count only under the bound
+    /// (fetch_update), so the bound holds.
     max_queue: usize,
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
@@ -66,6 +70,9 @@ pub struct PoolSetup {
     /// Tasks running longer than this get a warn line (None: never).
     pub slow_task: Option<Duration>,
     pub scheduling: Scheduling,
+    /// `thread_pool_shadow`: the index of the shadow pool and the share
+    /// of tasks it runs again.
+    pub shadow: Option<(usize, f64)>,
 }
 
 thread_local! {
@@ -92,23 +99,50 @@ impl Worker {
         let epoch = Instant::now();
         let mut watched = Vec::new();
         let log = setups.first().and_then(|s| s.spec.log);
-        for (i, setup) in setups.into_iter().enumerate() {
+        // Every pool's channel and counters first: a pool's threads may
+        // send to its shadow's.
+        let channels: Vec<_> = setups.iter().map(|_| unbounded::<Job>()).collect();
+        let all_stats: Vec<&'static PoolStats> = setups
+            .iter()
+            .enumerate()
+            .map(|(i, setup)| {
+                // Without the shared table (one process, no http block),
+                // this worker's own; it lives as long as the process.
+                let stats: &'static PoolStats = match shared.and_then(|row| row.get(i)) {
+                    Some(s) => s,
+                    None => Box::leak(Box::default()),
+                };
+                stats.reset();
+                stats.threads.store(setup.threads as u64, Ordering::Relaxed);
+                stats
+            })
+            .collect();
+        let shadows: Vec<Option<Arc<Shadow>>> = setups
+            .iter()
+            .enumerate()
+            .map(|(i, setup)| {
+                let (target, ratio) = setup.shadow?;
+                let target = shadow::Target {
+                    name: setups.get(target)?.spec.pool.clone(),
+                    jobs: channels.get(target)?.0.clone(),
+                    stats: all_stats.get(target)?,
+                    max_queue: setups.get(target)?.max_queue,
+                };
+                let pool = setup.spec.pool.clone();
+                Some(Arc::new(Shadow::new(pool, all_stats[i], ratio, target)))
+            })
+            .collect();
+        for (i, (setup, shadow)) in setups.into_iter().zip(shadows).enumerate() {
             let PoolSetup {
                 spec,
                 threads,
                 max_queue,
                 slow_task,
                 scheduling,
+                shadow: _,
             } = setup;
-            let (tx, rx) = unbounded::<Job>();
-            // Without the shared table (one process, no http block), this
-            // worker's own; it lives as long as the process.
-            let stats: &'static PoolStats = match shared.and_then(|row| row.get(i)) {
-                Some(s) => s,
-                None => Box::leak(Box::default()),
-            };
-            stats.reset();
-            stats.threads.store(threads as u64, Ordering::Relaxed);
+            let (tx, rx) = channels[i].clone();
+            let stats = all_stats[i];
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
                 let running = Arc::new(watchdog::Running::default());
@@ -126,6 +160,7 @@ impl Worker {
                     stats,
                     watch: threads::Watch { running, epoch },
                     scheduling,
+                    shadow: shadow.clone(),
                 };
                 let (thread_spec, rx, done) = (spec.clone(), rx.clone(), done_tx.clone());
                 let handle = std::thread::Builder::new()
@@ -211,21 +246,33 @@ impl Worker {
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
         let n = args.count() as u64;
-        if pool.stats.queued.load(Ordering::Relaxed) + n > pool.max_queue as u64 {
+        let max = pool.max_queue as u64;
+        let queued = &pool.stats.queued;
+        if queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                (q + n <= max).then_some(q + n)
+            })
+            .is_err()
+        {
             pool.stats.rejected.fetch_add(n, Ordering::Relaxed);
             return Err(WorkerError::QueueFull);
         }
         let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
         let task = match owner {
             // SAFETY: forwarded from the caller.
-            Some(owner) => unsafe { self.tasks.start(owner, index, anchor) }?,
+            Some(owner) => match unsafe { self.tasks.start(owner, index, anchor) } {
+                Ok(task) => task,
+                Err(e) => {
+                    queued.fetch_sub(n, Ordering::Relaxed);
+                    return Err(e);
+                }
+            },
             None => POSTED,
         };
         let work = Work::new(task, args);
         if task != POSTED {
             self.tasks.set_work(task, work.clone());
         }
-        pool.stats.queued.fetch_add(n, Ordering::Relaxed);
         // As many threads as there are tasks share them (work.rs).
         for _ in 0..pool.threads.len().min(work.count()) {
             if jobs.send(work.clone()).is_err() {

@@ -67,6 +67,12 @@ pub struct PoolStats {
     pub wait: Histogram,
     /// The handler's run.
     pub run: Histogram,
+    /// With a shadow (`thread_pool_shadow`): tasks whose results were
+    /// compared, those that differed, and those not compared because the
+    /// shadow's queue was full (compare.rs, shadow.rs).
+    pub shadow_compared: AtomicU64,
+    pub shadow_mismatched: AtomicU64,
+    pub shadow_skipped: AtomicU64,
 }
 
 /// Names of PoolStats' counters, in `write`'s order.
@@ -83,8 +89,14 @@ pub const COUNTER_NAMES: [&str; 10] = [
     "cancelled",
 ];
 
+/// Names of the shadow counters, in `write`'s order, after the histograms.
+pub const SHADOW_NAMES: [&str; 3] = ["compared", "mismatched", "skipped"];
+
+/// Where the shadow counters start in `write`'s numbers.
+pub const SHADOW_AT: usize = COUNTER_NAMES.len() + 2 * (BUCKETS + 1);
+
 /// How many numbers `PoolStats::write` produces.
-pub const STATS_LEN: usize = COUNTER_NAMES.len() + 2 * (BUCKETS + 1);
+pub const STATS_LEN: usize = SHADOW_AT + SHADOW_NAMES.len();
 
 impl PoolStats {
     /// Every number back to 0 (a worker that starts in a slot of the
@@ -98,6 +110,7 @@ impl PoolStats {
             &self.timed_out,
         ]);
         all.extend([&self.abandoned, &self.cancelled]);
+        all.extend(self.shadow_counters());
         for h in [&self.wait, &self.run] {
             all.extend(h.buckets.iter());
             all.push(&h.sum_us);
@@ -115,9 +128,18 @@ impl PoolStats {
         counter.fetch_sub(1, Relaxed);
     }
 
+    fn shadow_counters(&self) -> [&AtomicU64; SHADOW_NAMES.len()] {
+        [
+            &self.shadow_compared,
+            &self.shadow_mismatched,
+            &self.shadow_skipped,
+        ]
+    }
+
     /// The numbers in the order the shim reads them: threads, busy, queued,
     /// pushed, completed, errors, rejected, timed_out, abandoned, cancelled,
-    /// then the wait and run histograms (bucket counts, then the sum in µs).
+    /// then the wait and run histograms (bucket counts, then the sum in
+    /// µs), then the shadow counters.
     pub fn write(&self, out: &mut Vec<u64>) {
         for c in [
             &self.threads,
@@ -135,6 +157,7 @@ impl PoolStats {
         }
         self.wait.write(out);
         self.run.write(out);
+        out.extend(self.shadow_counters().map(|c| c.load(Relaxed)));
     }
 }
 

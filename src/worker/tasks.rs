@@ -272,7 +272,7 @@ impl Tasks {
                 let slot = &mut self.slots[index as usize];
                 slot.state = State::Abandoned;
                 if let Some(work) = &slot.work {
-                    work.cancel();
+                    work.cancelled().cancel();
                 }
                 None
             }

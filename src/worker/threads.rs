@@ -2,6 +2,7 @@
 //! how it goes idle.
 
 use super::payload::{Payload, Pinned};
+use super::shadow::Shadow;
 use super::stats::PoolStats;
 use super::tasks::{LARGE, POSTED};
 use super::watchdog::Running;
@@ -9,7 +10,7 @@ use super::work::Job;
 use crate::codec;
 use crate::ngx::os::{self, Scheduling};
 use crate::ngx::{guard, log, notify};
-use crate::vm::{self, Outcome, PinKey, Ran, Spec, ThreadVm};
+use crate::vm::{self, cancel, Outcome, PinKey, Ran, Spec, ThreadVm};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct ThreadSetup {
     pub stats: &'static PoolStats,
     pub watch: Watch,
     pub scheduling: Scheduling,
+    /// Where a sample of this pool's tasks runs again (shadow.rs).
+    pub shadow: Option<Arc<Shadow>>,
 }
 
 /// What a thread tells the watchdog of slow tasks.
@@ -43,6 +46,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         stats,
         watch,
         scheduling,
+        shadow,
     } = setup;
     os::block_async_signals();
     let pool = &spec.pool;
@@ -126,7 +130,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
             PoolStats::sub(&stats.queued);
             let (args, spans) = (job.args.part(i), &job.args.spans[..]);
             handled += args.len() + job.args.borrowed_per_task();
-            if job.is_cancelled() {
+            if job.cancelled().is_cancelled() {
                 PoolStats::add(&stats.cancelled);
                 debug(format_args!(
                     "task {:#x}.{i} skipped: its caller gave up",
@@ -151,10 +155,12 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 ..Payload::default()
             };
             let outcome = match &vm {
-                // SAFETY: whoever pushed keeps the spans' strings alive
-                // until the completion reaches the event loop, after this.
-                Ok(vm) => guard::catch(|| unsafe {
-                    vm.run(args, spans, &mut result.bytes, &mut result.spans)
+                Ok(vm) => guard::catch(|| {
+                    // SAFETY: whoever pushed keeps the spans' strings alive
+                    // until the completion reaches the event loop, after this.
+                    cancel::running(job.cancelled(), || unsafe {
+                        vm.run(args, spans, &mut result.bytes, &mut result.spans)
+                    })
                 })
                 .unwrap_or_else(|panic| {
                     vm::fail(&mut result.bytes, &panic);
@@ -215,6 +221,19 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 vm = build();
             }
             handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
+            if let Some(expected) = &job.expected {
+                // SAFETY: a shadow task's arguments are those Expected::task
+                // made with expected (shadow.rs keeps them together).
+                if let Some(line) = unsafe { expected.check(&job.args, &result) } {
+                    report(log::NGX_LOG_WARN, format_args!("{line}"));
+                }
+                continue;
+            }
+            if let Some(shadow) = &shadow {
+                // SAFETY: the task is not finished: the arguments' strings
+                // and the result's pin are alive.
+                unsafe { shadow.offer(&job, i, &result) };
+            }
             if job.task == POSTED {
                 // Nobody takes the result; a failure is logged (at most
                 // once a second per thread, with how many were left

@@ -10,9 +10,11 @@
 //! send per thread, not one per task. The thread that finishes the last
 //! task sends the completion and wakes the event loop, once per push.
 
+use super::compare::Expected;
 use super::payload::{Args, Payload};
-use super::tasks::TaskId;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use super::tasks::{TaskId, POSTED};
+use crate::vm::cancel::Cancel;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -24,9 +26,8 @@ pub struct Work {
     pub args: Args,
     pub queued_at: Instant,
     /// Set on the event loop once the caller gave up (timeout, request
-    /// gone): tasks not started yet are skipped. Relaxed: it only decides
-    /// whether work is wasted, never what is read.
-    cancelled: AtomicBool,
+    /// gone): tasks not started yet are skipped, running ones may look.
+    cancelled: Cancel,
     /// The next task to claim; past the end once all are claimed.
     next: AtomicUsize,
     /// Tasks not finished. The thread that takes it to 0 sends the
@@ -35,6 +36,9 @@ pub struct Work {
     left: AtomicUsize,
     /// Each task's result, stored by the thread that ran it.
     results: Mutex<Vec<Payload>>,
+    /// A shadow task's (shadow.rs): POOL's result to compare with; its
+    /// arguments' spans point into it.
+    pub expected: Option<Expected>,
 }
 
 /// How a pool thread shares a push.
@@ -42,16 +46,27 @@ pub type Job = Arc<Work>;
 
 impl Work {
     pub fn new(task: TaskId, args: Args) -> Job {
+        Arc::new(Work::with(task, args, None))
+    }
+
+    /// A shadow task: `args` (one task) run again on the shadow pool, to
+    /// compare with `expected`; nobody takes its result.
+    pub fn shadowing(args: Args, expected: Expected) -> Job {
+        Arc::new(Work::with(POSTED, args, Some(expected)))
+    }
+
+    fn with(task: TaskId, args: Args, expected: Option<Expected>) -> Work {
         let n = args.count();
-        Arc::new(Work {
+        Work {
             task,
             args,
             queued_at: Instant::now(),
-            cancelled: AtomicBool::new(false),
+            cancelled: Cancel::default(),
             next: AtomicUsize::new(0),
             left: AtomicUsize::new(n),
             results: Mutex::new((0..n).map(|_| Payload::default()).collect()),
-        })
+            expected,
+        }
     }
 
     /// The number of tasks.
@@ -65,12 +80,9 @@ impl Work {
         (i < self.count()).then_some(i)
     }
 
-    pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Relaxed)
+    /// The push's flag that its caller gave up (shared by its tasks).
+    pub fn cancelled(&self) -> &Cancel {
+        &self.cancelled
     }
 
     /// Stores the result of task `i`: true if it was the last to finish.

@@ -1,0 +1,31 @@
+-- resty.threadpool as a pool thread's handler sees it: whether the caller
+-- of the running task gave up (src/vm/cancel.rs). The event loop's library
+-- has the same function, which there always returns false, so that a
+-- handler shared with an inline fallback runs unchanged.
+local ffi = require "ffi"
+
+local C = ffi.C
+local error = error
+local setmetatable = setmetatable
+local tostring = tostring
+
+-- ngx_tp_ names only (see ngx_api.rs).
+ffi.cdef [[
+bool ngx_tp_task_cancelled(void) asm("ngx_threadpool_task_cancelled");
+]]
+
+local _M = { _VERSION = "0.1.0" }
+
+-- true once the caller of the task this thread runs gave up (timeout,
+-- request gone, its batch timed out): the handler may stop; its result
+-- is dropped anyway.
+function _M.cancelled()
+    return C.ngx_tp_task_cancelled()
+end
+
+return setmetatable(_M, {
+    __index = function(_, name)
+        error("resty.threadpool: tp." .. tostring(name)
+              .. " is not available in thread pools (only cancelled())", 2)
+    end,
+})

@@ -1,0 +1,123 @@
+//! POOL's half of a shadow comparison (`thread_pool_shadow POOL SHADOW
+//! [sample=RATIO]`): a sampled share of POOL's tasks run again on SHADOW
+//! with the same arguments, and SHADOW's thread compares the two results
+//! (compare.rs). POOL's thread hands the task over when its own result is
+//! there, before the completion goes to the event loop: the arguments'
+//! borrowed strings (the caller's, anchored until it takes the result) and
+//! the result's (pinned in POOL's state until the event loop drops it) are
+//! still alive, and are copied, for sampled tasks only. The caller's
+//! completion waits for that copy and a channel send; the comparison runs
+//! on SHADOW's thread.
+
+use super::compare::{Expected, Owned, Pair};
+use super::payload::Payload;
+use super::stats::PoolStats;
+use super::work::{Job, Work};
+use crossbeam_channel::Sender;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Which tasks are sampled: task n (counted from 0 over the POOL tasks
+/// whose handler ran in this worker, in the order their threads finish
+/// them) is when floor((n + 1) × ratio) > floor(n × ratio). Of N tasks,
+/// exactly floor(N × ratio) are sampled, whatever the order: every k-th
+/// for a ratio of 1/k.
+struct Sampler {
+    ratio: f64,
+    seen: AtomicU64,
+}
+
+impl Sampler {
+    fn take(&self) -> bool {
+        let n = self.seen.fetch_add(1, Relaxed) as f64;
+        ((n + 1.0) * self.ratio).floor() > (n * self.ratio).floor()
+    }
+}
+
+/// Where POOL's threads send their sampled tasks.
+pub struct Shadow {
+    pair: Arc<Pair>,
+    sample: Sampler,
+    /// SHADOW's job channel.
+    jobs: Sender<Job>,
+    /// SHADOW's counters, whose `queued` bounds its queue.
+    queue: &'static PoolStats,
+    max_queue: usize,
+}
+
+/// What Worker::start knows of SHADOW.
+pub struct Target {
+    pub name: String,
+    pub jobs: Sender<Job>,
+    pub stats: &'static PoolStats,
+    pub max_queue: usize,
+}
+
+impl Shadow {
+    pub fn new(pool: String, counts: &'static PoolStats, ratio: f64, target: Target) -> Shadow {
+        Shadow {
+            pair: Arc::new(Pair::new(pool, target.name, counts)),
+            sample: Sampler {
+                ratio,
+                seen: AtomicU64::new(0),
+            },
+            jobs: target.jobs,
+            queue: target.stats,
+            max_queue: target.max_queue,
+        }
+    }
+
+    /// Task `i` of `job` ran on POOL with `result`: if it is sampled,
+    /// queue it on SHADOW with a copy of both, or count it skipped when
+    /// SHADOW's queue is full.
+    ///
+    /// # Safety
+    /// The spans of the job's arguments and of `result` must be alive (the
+    /// task is not finished yet: its completion has not gone).
+    pub unsafe fn offer(&self, job: &Work, i: usize, result: &Payload) {
+        if !self.sample.take() {
+            return;
+        }
+        let max = self.max_queue as u64;
+        let reserved = self
+            .queue
+            .queued
+            .fetch_update(Relaxed, Relaxed, |q| (q < max).then_some(q + 1));
+        if reserved.is_err() {
+            PoolStats::add(&self.pair.counts.shadow_skipped);
+            return;
+        }
+        // SAFETY: forwarded from the caller.
+        let (args, got) = unsafe {
+            (
+                Owned::copy(job.args.part(i), &job.args.spans),
+                Owned::copy(&result.bytes, &result.spans),
+            )
+        };
+        let (args, expected) = Expected::task(args, got, result.failed, self.pair.clone());
+        if self.jobs.send(Work::shadowing(args, expected)).is_err() {
+            // SHADOW's threads are gone: the worker is exiting.
+            PoolStats::sub(&self.queue.queued);
+            PoolStats::add(&self.pair.counts.shadow_skipped);
+            return;
+        }
+        PoolStats::add(&self.queue.pushed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_is_exact() {
+        for (ratio, n, taken) in [(1.0, 10, 10), (0.5, 10, 5), (0.25, 40, 10), (0.3, 100, 30)] {
+            let s = Sampler {
+                ratio,
+                seen: AtomicU64::new(0),
+            };
+            let got = (0..n).filter(|_| s.take()).count();
+            assert_eq!(got, taken, "ratio {ratio}");
+        }
+    }
+}
