@@ -6,7 +6,7 @@
 //! whether the task was cancelled; `s` = "panic" panics, "fail" fails,
 //! "spin" loops until the caller gives up.
 
-use ngx_threadpool_handler::{export, Init, Task, Values};
+use ngx_threadpool_handler::{export, Error, Init, Task, Values};
 
 struct State {
     pool: String,
@@ -29,10 +29,10 @@ fn init(init: &Init) -> Result<State, String> {
     })
 }
 
-fn process<'t>(
-    state: &mut State,
-    task: &Task<'t>,
-) -> Result<Values<(String, u64, bool)>, Box<dyn std::error::Error>> {
+/// The string upper-cased, this thread's tasks, and whether cancelled.
+type Upper = Values<(String, u64, bool)>;
+
+fn process(state: &mut State, task: &Task) -> Result<Upper, Error> {
     let (s, _n): (&str, Option<u32>) = task.args()?;
     state.tasks += 1;
     match s {

@@ -76,29 +76,26 @@ impl de::Error for DeError {
     }
 
     fn invalid_type(unexp: Unexpected, exp: &dyn de::Expected) -> DeError {
-        DeError::new(format!("expected {exp}, got {}", lua_name(&unexp)))
+        DeError::new(format!("expected {exp}, got {}", lua_name(unexp)))
     }
 
     fn invalid_value(unexp: Unexpected, exp: &dyn de::Expected) -> DeError {
-        let got = match unexp {
-            Unexpected::Unsigned(u) => u.to_string(),
-            Unexpected::Signed(i) => i.to_string(),
-            Unexpected::Float(f) => f.to_string(),
-            other => lua_name(&other).to_string(),
-        };
-        DeError::new(format!("expected {exp}, got {got}"))
+        DeError::invalid_type(unexp, exp)
     }
 }
 
-/// What the caller passed, in Lua's words.
-fn lua_name(unexp: &Unexpected) -> &'static str {
+/// What the caller passed, in Lua's words: a number as itself, another
+/// value by its type.
+fn lua_name(unexp: Unexpected) -> String {
     match unexp {
-        Unexpected::Bool(_) => "boolean",
-        Unexpected::Unsigned(_) | Unexpected::Signed(_) | Unexpected::Float(_) => "number",
-        Unexpected::Str(_) | Unexpected::Bytes(_) | Unexpected::Char(_) => "string",
-        Unexpected::Unit | Unexpected::Option => "nil",
-        Unexpected::Seq | Unexpected::Map => "table",
-        _ => "a value of another type",
+        Unexpected::Unsigned(u) => u.to_string(),
+        Unexpected::Signed(i) => i.to_string(),
+        Unexpected::Float(f) => f.to_string(),
+        Unexpected::Bool(_) => "boolean".into(),
+        Unexpected::Str(_) | Unexpected::Bytes(_) | Unexpected::Char(_) => "string".into(),
+        Unexpected::Unit | Unexpected::Option => "nil".into(),
+        Unexpected::Seq | Unexpected::Map => "table".into(),
+        _ => "a value of another type".into(),
     }
 }
 

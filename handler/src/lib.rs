@@ -19,6 +19,11 @@ pub use results::{IntoResults, ValueList, Values};
 pub use serde_bytes;
 pub use task::{ArgError, Task};
 
+/// An error of any type, for `process` and `init` to return with `?`
+/// ([`ArgError`], I/O errors, `String`s through `.into()`...): the caller
+/// gets its text.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
 /// The version of the ABI (`include/ngx_threadpool.h`'s
 /// `NGX_THREADPOOL_ABI_VERSION`) this crate implements: what
 /// `ngx_threadpool_abi_version` returns. The module refuses a library
@@ -40,7 +45,7 @@ pub const ABI_VERSION: u32 = 1;
 /// * `R` is the results: any `Serialize` value, or [`Values`] for several
 ///   (see [`IntoResults`]). It may borrow from the task's arguments.
 /// * `E` and `E2` are any `Display` type (`String`, `ArgError`,
-///   `Box<dyn Error>`...): an `Err` from `process` becomes `nil, e` for the
+///   [`Error`]...): an `Err` from `process` becomes `nil, e` for the
 ///   caller; an `Err` from `init` makes the pool unusable, and its tasks
 ///   get `nil` and the text.
 /// * A panic in either is caught: the task's caller gets
@@ -70,8 +75,9 @@ macro_rules! export {
             state: *mut *mut ::std::ffi::c_void,
             err: *mut $crate::ffi::ngx_tp_out_t,
         ) -> ::std::ffi::c_int {
+            let f = $init;
             // SAFETY: the module keeps the header's contract.
-            unsafe { $crate::__private::init(init, state, err, $init) }
+            unsafe { $crate::__private::init(init, state, err, f) }
         }
 
         /// Runs one task on this thread's state.
@@ -84,10 +90,11 @@ macro_rules! export {
             task: *const $crate::ffi::ngx_tp_task_t,
             out: *mut $crate::ffi::ngx_tp_out_t,
         ) -> ::std::ffi::c_int {
+            let (init, process) = ($init, $process);
             // SAFETY: the module keeps the header's contract.
             unsafe {
-                $crate::__private::process(state, task, out, $init, |state, task, reply| {
-                    reply.set(($process)(state, task))
+                $crate::__private::process(state, task, out, init, |state, task, reply| {
+                    reply.set(process(state, task))
                 })
             }
         }
@@ -98,8 +105,9 @@ macro_rules! export {
         /// Called by the ngx_threadpool module as `ngx_threadpool.h` says.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn ngx_threadpool_free(state: *mut ::std::ffi::c_void) {
+            let init = $init;
             // SAFETY: the module keeps the header's contract.
-            unsafe { $crate::__private::free(state, $init) }
+            unsafe { $crate::__private::free(state, init) }
         }
     };
 }

@@ -13,7 +13,7 @@ use std::ops::Range;
 ///
 /// ```text
 /// bad argument #2: expected u32, got string
-/// bad argument #1 at ["opts"]["limit"]: expected u32, got number -1
+/// bad argument #1 at ["opts"]["limit"]: expected u32, got -1
 /// bad argument #3: expected at most 2 arguments, got string
 /// bad argument #1: expected a UTF-8 string, got invalid UTF-8 at byte 4
 /// ```
