@@ -394,7 +394,7 @@ impl Items<'_, '_> {
             return Ok(());
         }
         Err(DeError::new(format!(
-            "expected a table of {} items, got {n}",
+            "expected a table of length {}, got length {n}",
             self.index
         )))
     }

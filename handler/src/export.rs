@@ -19,8 +19,9 @@ struct Slot<S> {
     sink: Sink,
 }
 
-/// A payload being built, then written to the module's `out` at once (so
-/// that a failed write leaves `out` empty for the error that follows).
+/// A payload being built, then written to the module's `out` at once: a
+/// failed write appends nothing (the header's contract), so `out` is
+/// still empty for the error that follows.
 pub struct Reply {
     buf: Vec<u8>,
     status: c_int,

@@ -1,16 +1,30 @@
 //! The C header against a library built with this crate: a C program
 //! built with `cc` against include/ngx_threadpool.h loads the example
-//! handler (examples/upper.rs, which `cargo test` builds) by its four
-//! export names and calls them with the header's structs.
+//! handler (examples/upper.rs, built here so that it is never stale) by
+//! its four export names and calls them with the header's structs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Where cargo put this profile's examples.
-fn examples_dir() -> PathBuf {
+/// Builds the example handler with this test's profile: its path.
+fn build_example(manifest: &Path) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/c_abi-<hash>
-    exe.parent().unwrap().parent().unwrap().join("examples")
+    // target/<profile dir>/deps/c_abi-<hash>
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo
+        .args(["build", "--example", "upper"])
+        .current_dir(manifest);
+    if profile_dir.ends_with("release") {
+        cargo.arg("--release");
+    }
+    let build = cargo.output().expect("cargo runs");
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    profile_dir.join("examples/libupper.so")
 }
 
 /// As the C program prints a payload.
@@ -26,8 +40,7 @@ fn str_value(s: &str) -> Vec<u8> {
 #[test]
 fn a_c_program_drives_the_exports_through_the_header() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = examples_dir().join("libupper.so");
-    assert!(lib.exists(), "{} (cargo test builds it)", lib.display());
+    let lib = build_example(manifest);
     let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c_abi");
     let cc = Command::new("cc")
         .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o"])

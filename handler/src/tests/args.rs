@@ -160,7 +160,7 @@ fn errors_name_the_argument_and_where_in_it() {
         );
         assert_eq!(
             err_text(t.arg::<(f64,)>(4)),
-            "bad argument #4: expected a table of 1 items, got 2"
+            "bad argument #4: expected a table of length 1, got length 2"
         );
         let missing = t.arg::<&str>(6).unwrap_err();
         assert_eq!(

@@ -237,7 +237,10 @@ fn constants_are_the_headers() {
         ("NGX_TP_LOG_INFO", ffi::NGX_TP_LOG_INFO.into()),
         ("NGX_TP_LOG_DEBUG", ffi::NGX_TP_LOG_DEBUG.into()),
     ];
-    let exported = ("NGX_THREADPOOL_ABI_VERSION", ngx_threadpool_abi_version().into());
+    let exported = (
+        "NGX_THREADPOOL_ABI_VERSION",
+        ngx_threadpool_abi_version().into(),
+    );
     for (name, value) in ours.into_iter().chain([exported]) {
         assert!(
             defines.contains(&(name, value)),
