@@ -29,6 +29,7 @@ build: deps
 
 test: build
 	cargo test --release -- --test-threads=2
+	cargo test --release -p ngx_threadpool_handler
 	@$(MAKE) --no-print-directory soak-test soak-short
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
@@ -43,8 +44,8 @@ fuzz: deps
 	FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release --test fuzz -- --exact fuzz --nocapture
 
 lint: deps
-	cargo fmt --check
-	cargo clippy --release --all-targets -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --release --all-targets --workspace -- -D warnings
 	luacheck --no-color $(LUA_SOURCES)
 
 # nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.

@@ -57,8 +57,8 @@ typedef struct {
 
 /* Where a handler writes a payload: append len bytes of data. Returns 0, or
  * -1 when the payload cannot grow (out of memory, or larger than the
- * module's limit): the handler should then return NGX_TP_ERROR with a
- * short message. */
+ * module's limit) and nothing was appended: the handler should then return
+ * NGX_TP_ERROR with a short message. */
 typedef struct ngx_tp_out_s {
     int (*write)(struct ngx_tp_out_s *out, const unsigned char *data,
                  size_t len);
