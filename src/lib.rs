@@ -27,9 +27,11 @@ pub mod conf;
 pub mod conf_block;
 mod conf_error;
 pub mod ffi;
+pub mod handler;
 pub mod lua;
 pub mod ngx;
 pub mod preload;
+pub mod run;
 pub mod status;
 pub mod vm;
 pub mod worker;
@@ -271,16 +273,18 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             .iter()
             .map(|p| {
                 let (process, style) = p.process.clone().ok_or("pool without handler")?;
-                let spec = vm::Spec {
+                let spec = handler::Spec {
                     pool: p.name.clone(),
-                    init: p.init.clone(),
-                    process,
-                    style,
-                    package_path: paths.as_ref().map(|(path, _)| path.clone()),
-                    package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                     log,
-                    ngx: ngx_env,
                     zero_copy: p.zero_copy,
+                    kind: handler::Kind::Lua(vm::Spec {
+                        init: p.init.clone(),
+                        process,
+                        style,
+                        package_path: paths.as_ref().map(|(path, _)| path.clone()),
+                        package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
+                        ngx: ngx_env,
+                    }),
                 };
                 Ok(worker::PoolSetup {
                     spec,

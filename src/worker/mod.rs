@@ -18,9 +18,9 @@ pub mod work;
 pub use error::WorkerError;
 use stats::PoolStats;
 
+use crate::handler::Spec;
 use crate::ngx::log;
 use crate::ngx::os::Scheduling;
-use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use payload::Args;
 use std::cell::RefCell;

@@ -12,6 +12,7 @@
 
 use super::payload::{Args, Payload};
 use super::tasks::TaskId;
+use crate::run::Cancel;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -71,6 +72,11 @@ impl Work {
 
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// The handle a running task's handler reads the flag through.
+    pub fn cancellation(&self) -> Cancel<'_> {
+        Cancel::new(&self.cancelled)
     }
 
     /// Stores the result of task `i`: true if it was the last to finish.
