@@ -17,12 +17,11 @@ use crate::conf_block;
 pub use crate::conf_error::ConfError;
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
-use crate::ngx::os::{Policy, Scheduling};
 use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
+use crate::settings::{lossy, Settings, DIRECTIVES};
 use crate::vm::chunk::{self, Chunk, Style};
 use std::ffi::{c_char, c_void};
-use std::time::Duration;
 
 /// One pool with a handler, as configured.
 pub struct PoolConf {
@@ -34,14 +33,8 @@ pub struct PoolConf {
     /// found after the whole configuration is read.
     pub defined_by: String,
     pub defined_at: String,
-    /// `thread_pool_slow_task_log`: a warn line for a task running longer
-    /// (None: off).
-    pub slow_task: Option<Duration>,
-    /// `thread_pool_scheduling`.
-    pub scheduling: Scheduling,
-    /// `thread_pool_zero_copy`: strings of at least this many bytes are
-    /// read in place rather than copied (None: off).
-    pub zero_copy: Option<usize>,
+    /// Set by the directives of settings.rs.
+    pub settings: Settings,
     /// From the thread_pool declaration, read at init_module.
     pub threads: usize,
     pub max_queue: usize,
@@ -110,9 +103,7 @@ impl MainConf {
             process: None,
             defined_by: cf.args().first().map(|d| lossy(d)).unwrap_or_default(),
             defined_at: cf.file_line(),
-            slow_task: Some(DEFAULT_SLOW_TASK),
-            scheduling: DEFAULT_SCHEDULING,
-            zero_copy: Some(DEFAULT_ZERO_COPY),
+            settings: Settings::default(),
             threads: 0,
             max_queue: 0,
         });
@@ -189,75 +180,26 @@ macro_rules! main_conf_setter {
     };
 }
 
-/// `thread_pool_slow_task_log`'s default: a LuaJIT task this long is
-/// almost certainly stuck (a loop that cannot be interrupted).
-const DEFAULT_SLOW_TASK: Duration = Duration::from_secs(10);
-
-main_conf_setter!(set_slow_task, slow_task);
-
-/// `thread_pool_slow_task_log POOL TIME | off;`.
-fn slow_task(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
-    let args = cf.args();
-    let threshold = if args[2] == b"off" {
-        None
-    } else {
-        match cf.parse_time_ms(args[2]) {
-            Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
-            _ => return Err(ConfError::BadTime),
-        }
-    };
-    main.pool_mut(cf, args[1])?.slow_task = threshold;
-    Ok(())
-}
-
-/// `thread_pool_scheduling`'s default: on a loaded machine the event loop
-/// gets the CPU first when it has work, so a static request waits less
-/// behind CPU-heavy tasks, which still get the rest of the CPU.
-const DEFAULT_SCHEDULING: Scheduling = Scheduling {
-    policy: Policy::Normal,
-    nice: 5,
-};
-
-main_conf_setter!(set_scheduling, scheduling);
-
-/// `thread_pool_scheduling POOL normal | batch | idle
-/// [nice=N];`.
-fn scheduling(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
-    let args = cf.args();
-    let policy = Scheduling::parse_policy(args[2])
-        .ok_or_else(|| ConfError::BadScheduling(lossy(args[2])))?;
-    let mut nice = DEFAULT_SCHEDULING.nice;
-    if let Some(arg) = args.get(3) {
-        let arg = lossy(arg);
-        nice = arg
-            .strip_prefix("nice=")
-            .and_then(|n| n.parse::<i32>().ok())
-            .filter(|n| (0..=19).contains(n))
-            .ok_or(ConfError::BadScheduling(arg))?;
+/// The setter of every directive of settings.rs, whose command's `post`
+/// is its index in DIRECTIVES.
+///
+/// # Safety
+/// Called by nginx only, with `conf` our MainConf.
+pub unsafe extern "C" fn set_setting(
+    cf: *mut sys::ngx_conf_t,
+    cmd: *mut sys::ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx passes this command, whose post is its entry.
+    let directive = &DIRECTIVES[unsafe { (*cmd).post as usize }];
+    // SAFETY: forwarded from nginx.
+    unsafe {
+        setter(cf, conf, |cf, main| {
+            let args = cf.args();
+            let settings = &mut main.pool_mut(cf, args[1])?.settings;
+            (directive.parse)(settings, cf, &args[2..])
+        })
     }
-    main.pool_mut(cf, args[1])?.scheduling = Scheduling { policy, nice };
-    Ok(())
-}
-
-/// `thread_pool_zero_copy`'s default. Borrowing a string costs a fixed
-/// ~0.5 µs (anchoring it, a span, a pin) and saves copying it twice; from
-/// this size the copies cost more (`make bench`, zero-copy rows).
-pub const DEFAULT_ZERO_COPY: usize = 16 * 1024;
-
-main_conf_setter!(set_zero_copy, zero_copy);
-
-/// `thread_pool_zero_copy POOL SIZE | off;`.
-fn zero_copy(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
-    let args = cf.args();
-    let min = match args[2] {
-        b"off" => None,
-        size => match cf.parse_size(size) {
-            Some(n) if n > 0 => Some(n),
-            _ => return Err(ConfError::BadZeroCopy(lossy(size))),
-        },
-    };
-    main.pool_mut(cf, args[1])?.zero_copy = min;
-    Ok(())
 }
 
 main_conf_setter!(set_accept_gate, accept_gate);
@@ -291,10 +233,6 @@ fn accept_gate(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
     }
     main.gate = on.then_some(gate);
     Ok(())
-}
-
-fn lossy(arg: &[u8]) -> String {
-    String::from_utf8_lossy(arg).into_owned()
 }
 
 /// nginx's default max_queue of a thread pool.

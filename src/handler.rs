@@ -8,6 +8,7 @@
 use crate::codec::Span;
 use crate::ngx::log::Log;
 use crate::run::{Cancel, PinKey, Ran};
+use crate::settings::Settings;
 use crate::vm::{self, ThreadVm};
 
 /// What a thread needs to build its handler; cloned into every thread.
@@ -15,9 +16,7 @@ use crate::vm::{self, ThreadVm};
 pub struct Spec {
     pub pool: String,
     pub log: Option<Log>,
-    /// Result strings of at least this many bytes are borrowed by the
-    /// event loop (`thread_pool_zero_copy`; None: copied).
-    pub zero_copy: Option<usize>,
+    pub settings: Settings,
     pub kind: Kind,
 }
 
@@ -38,7 +37,7 @@ impl Handler {
     pub fn build(spec: &Spec, _thread: usize) -> Result<Handler, String> {
         match &spec.kind {
             Kind::Lua(lua) => {
-                ThreadVm::new(lua, &spec.pool, spec.log, spec.zero_copy).map(Handler::Lua)
+                ThreadVm::new(lua, &spec.pool, spec.log, spec.settings.zero_copy).map(Handler::Lua)
             }
         }
     }

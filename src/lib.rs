@@ -32,6 +32,7 @@ pub mod lua;
 pub mod ngx;
 pub mod preload;
 pub mod run;
+pub mod settings;
 pub mod status;
 pub mod vm;
 pub mod worker;
@@ -46,7 +47,8 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 13] = [
+/// The directives other than the settings' (settings.rs).
+const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 9] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -90,24 +92,6 @@ static mut COMMANDS: [sys::ngx_command_t; 13] = [
         0,
     ),
     command(
-        ngx_string(c"thread_pool_slow_task_log"),
-        TAKE2_MAIN,
-        conf::set_slow_task,
-        0,
-    ),
-    command(
-        ngx_string(c"thread_pool_scheduling"),
-        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
-        conf::set_scheduling,
-        0,
-    ),
-    command(
-        ngx_string(c"thread_pool_zero_copy"),
-        TAKE2_MAIN,
-        conf::set_zero_copy,
-        0,
-    ),
-    command(
         ngx_string(c"thread_pool_accept_gate"),
         sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_1MORE,
         conf::set_accept_gate,
@@ -119,8 +103,33 @@ static mut COMMANDS: [sys::ngx_command_t; 13] = [
         status::set_status,
         0,
     ),
-    NULL_COMMAND,
 ];
+
+const COMMAND_COUNT: usize = COMMANDS_BUT_SETTINGS.len() + settings::DIRECTIVES.len() + 1;
+
+static mut COMMANDS: [sys::ngx_command_t; COMMAND_COUNT] = commands();
+
+/// Every directive: COMMANDS_BUT_SETTINGS, one per setting, the end mark.
+const fn commands() -> [sys::ngx_command_t; COMMAND_COUNT] {
+    let mut all = [NULL_COMMAND; COMMAND_COUNT];
+    let mut i = 0;
+    while i < COMMANDS_BUT_SETTINGS.len() {
+        all[i] = COMMANDS_BUT_SETTINGS[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < settings::DIRECTIVES.len() {
+        let d = &settings::DIRECTIVES[j];
+        all[i + j] = command(
+            ngx_string(d.name),
+            sys::NGX_HTTP_MAIN_CONF | d.args,
+            conf::set_setting,
+            j,
+        );
+        j += 1;
+    }
+    all
+}
 
 static mut HTTP_CTX: sys::ngx_http_module_t = sys::ngx_http_module_t {
     preconfiguration: None,
@@ -276,7 +285,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                 let spec = handler::Spec {
                     pool: p.name.clone(),
                     log,
-                    zero_copy: p.zero_copy,
+                    settings: p.settings,
                     kind: handler::Kind::Lua(vm::Spec {
                         init: p.init.clone(),
                         process,
@@ -290,8 +299,6 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     spec,
                     threads: p.threads,
                     max_queue: p.max_queue,
-                    slow_task: p.slow_task,
-                    scheduling: p.scheduling,
                 })
             })
             .collect();

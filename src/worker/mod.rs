@@ -20,7 +20,6 @@ use stats::PoolStats;
 
 use crate::handler::Spec;
 use crate::ngx::log;
-use crate::ngx::os::Scheduling;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use payload::Args;
 use std::cell::RefCell;
@@ -63,9 +62,6 @@ pub struct PoolSetup {
     pub spec: Spec,
     pub threads: usize,
     pub max_queue: usize,
-    /// Tasks running longer than this get a warn line (None: never).
-    pub slow_task: Option<Duration>,
-    pub scheduling: Scheduling,
 }
 
 thread_local! {
@@ -97,8 +93,6 @@ impl Worker {
                 spec,
                 threads,
                 max_queue,
-                slow_task,
-                scheduling,
             } = setup;
             let (tx, rx) = unbounded::<Job>();
             // Without the shared table (one process, no http block), this
@@ -112,7 +106,7 @@ impl Worker {
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
                 let running = Arc::new(watchdog::Running::default());
-                if let Some(threshold) = slow_task {
+                if let Some(threshold) = spec.settings.slow_task {
                     watched.push(watchdog::Watched {
                         pool: spec.pool.clone(),
                         thread: i,
@@ -125,7 +119,6 @@ impl Worker {
                     stopping: stopping.clone(),
                     stats,
                     watch: threads::Watch { running, epoch },
-                    scheduling,
                 };
                 let (thread_spec, rx, done) = (spec.clone(), rx.clone(), done_tx.clone());
                 let handle = std::thread::Builder::new()
@@ -141,8 +134,8 @@ impl Worker {
             log::message(
                 log::NGX_LOG_NOTICE,
                 format_args!(
-                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {scheduling}",
-                    spec.pool
+                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {}",
+                    spec.pool, spec.settings.scheduling
                 ),
             );
             pools.push(Pool {

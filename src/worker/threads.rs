@@ -8,7 +8,7 @@ use super::watchdog::Running;
 use super::work::Job;
 use crate::codec;
 use crate::handler::{Handler, Spec};
-use crate::ngx::os::{self, Scheduling};
+use crate::ngx::os;
 use crate::ngx::{guard, log, notify};
 use crate::run::{self, Outcome, PinKey, Ran};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -28,7 +28,6 @@ pub struct ThreadSetup {
     pub stopping: Arc<AtomicBool>,
     pub stats: &'static PoolStats,
     pub watch: Watch,
-    pub scheduling: Scheduling,
 }
 
 /// What a thread tells the watchdog of slow tasks.
@@ -43,8 +42,8 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         stopping,
         stats,
         watch,
-        scheduling,
     } = setup;
+    let scheduling = spec.settings.scheduling;
     os::block_async_signals();
     let pool = &spec.pool;
     // nginx's own thread pools log from their threads the same way.
