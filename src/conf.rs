@@ -15,6 +15,7 @@
 
 use crate::conf_block;
 pub use crate::conf_error::ConfError;
+use crate::native::{self, Library};
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
 use crate::ngx::sys;
@@ -22,13 +23,26 @@ use crate::ngx::thread_pool::ThreadPool;
 use crate::settings::{lossy, Settings, DIRECTIVES};
 use crate::vm::chunk::{self, Chunk, Style};
 use std::ffi::{c_char, c_void};
+use std::sync::Arc;
+
+/// A pool's handler: Lua code, or a native library
+/// (`thread_pool_process_by_rust`). A pool runs one kind, never both.
+#[derive(Clone)]
+pub enum Process {
+    Lua(Chunk, Style),
+    Native(native::Spec),
+}
 
 /// One pool with a handler, as configured.
 pub struct PoolConf {
     pub name: String,
     pub pool: ThreadPool,
     pub init: Option<Chunk>,
-    pub process: Option<(Chunk, Style)>,
+    pub process: Option<Process>,
+    /// The directives that set `init` and `process`, for errors naming
+    /// them.
+    pub init_by: String,
+    pub process_by: String,
     /// The first directive naming the pool and where it is, for errors
     /// found after the whole configuration is read.
     pub defined_by: String,
@@ -101,6 +115,8 @@ impl MainConf {
             pool,
             init: None,
             process: None,
+            init_by: String::new(),
+            process_by: String::new(),
             defined_by: cf.args().first().map(|d| lossy(d)).unwrap_or_default(),
             defined_at: cf.file_line(),
             settings: Settings::default(),
@@ -130,6 +146,7 @@ impl MainConf {
                 };
                 return Err(ConfError::SharedWithAio {
                     pool: p.name.clone(),
+                    by: short_name(&p.process_by).into(),
                     place,
                     at: p.defined_at.clone(),
                 });
@@ -282,10 +299,8 @@ pub unsafe extern "C" fn set_chunk(
 
 fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfError> {
     let args = cf.args();
-    let (directive, name) = (String::from_utf8_lossy(args[0]).into_owned(), args[1]);
-    let short = directive
-        .trim_end_matches("_file")
-        .trim_end_matches("_block");
+    let (directive, name) = (lossy(args[0]), args[1]);
+    let short = short_name(&directive);
     // The line of a block's `{`: its Lua line 1.
     let block_start = (kind & BLOCK != 0).then(|| cf.line());
     let chunk = if let Some(start) = block_start {
@@ -318,9 +333,14 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfEr
         ConfError::Compile(e)
     })?;
     let pool = main.pool_mut(cf, name)?;
+    if let Some(Process::Native(_)) = pool.process {
+        return Err(pool.mixed_with(&pool.process_by));
+    }
     let slot_taken = if kind & PROCESS != 0 {
-        pool.process.replace((chunk, style)).is_some()
+        pool.process_by = directive;
+        pool.process.replace(Process::Lua(chunk, style)).is_some()
     } else {
+        pool.init_by = directive;
         pool.init.replace(chunk).is_some()
     };
     if slot_taken {
@@ -328,5 +348,51 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfEr
             pool: pool.name.clone(),
         });
     }
+    Ok(())
+}
+
+/// A Lua directive's name without its `_file` or `_block`.
+fn short_name(directive: &str) -> &str {
+    directive
+        .trim_end_matches("_file")
+        .trim_end_matches("_block")
+}
+
+impl PoolConf {
+    /// The error of a directive of one kind on a pool that `other` gave
+    /// the other kind.
+    fn mixed_with(&self, other: &str) -> ConfError {
+        ConfError::Mixed {
+            pool: self.name.clone(),
+            other: other.into(),
+        }
+    }
+}
+
+main_conf_setter!(set_native, native);
+
+/// `thread_pool_process_by_rust POOL PATH [CONFIG];`: the library is
+/// loaded now, so that `nginx -t` checks it. PATH is relative to the
+/// prefix, like nginx's other paths.
+fn native(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let directive = lossy(args[0]);
+    let pool = main.pool_mut(cf, args[1])?;
+    match pool.process {
+        Some(Process::Native(_)) => {
+            return Err(ConfError::Duplicate {
+                pool: pool.name.clone(),
+            })
+        }
+        Some(Process::Lua(..)) => return Err(pool.mixed_with(&pool.process_by)),
+        None if pool.init.is_some() => return Err(pool.mixed_with(&pool.init_by)),
+        None => {}
+    }
+    let library = Library::load(&cf.full_path(args[2])).map_err(ConfError::Library)?;
+    pool.process = Some(Process::Native(native::Spec {
+        library: Arc::new(library),
+        config: args.get(3).map(|c| c.to_vec()),
+    }));
+    pool.process_by = directive;
     Ok(())
 }

@@ -1,11 +1,13 @@
 //! The seam between a pool thread's loop (worker/threads.rs) and its
-//! handler, of whichever kind its pool runs: a Lua state (vm/). The loop
+//! handler, of whichever kind its pool runs: a Lua state (vm/) or a
+//! native library's state (native/). The loop
 //! builds one handler per thread, runs tasks on it, lets go of result
 //! strings the event loop read in place, collects garbage when idle and
 //! rebuilds it after it ran out of memory; it never asks which kind it
 //! has.
 
 use crate::codec::Span;
+use crate::native;
 use crate::ngx::log::Log;
 use crate::run::{Cancel, PinKey, Ran};
 use crate::settings::Settings;
@@ -24,20 +26,25 @@ pub struct Spec {
 #[derive(Clone)]
 pub enum Kind {
     Lua(vm::Spec),
+    Native(native::Spec),
 }
 
 /// One thread's handler; only that thread uses it.
 pub enum Handler {
     Lua(ThreadVm),
+    Native(native::State),
 }
 
 impl Handler {
     /// Builds thread `thread`'s handler: the error text when the pool
     /// cannot serve.
-    pub fn build(spec: &Spec, _thread: usize) -> Result<Handler, String> {
+    pub fn build(spec: &Spec, thread: usize) -> Result<Handler, String> {
         match &spec.kind {
             Kind::Lua(lua) => {
                 ThreadVm::new(lua, &spec.pool, spec.log, spec.settings.zero_copy).map(Handler::Lua)
+            }
+            Kind::Native(native) => {
+                native::State::new(native, &spec.pool, spec.log, thread).map(Handler::Native)
             }
         }
     }
@@ -59,6 +66,9 @@ impl Handler {
         match self {
             // SAFETY: forwarded from the caller.
             Handler::Lua(vm) => unsafe { vm.run(args, spans, out, out_spans, cancel) },
+            // SAFETY: forwarded from the caller. Its results borrow
+            // nothing: out_spans stays empty.
+            Handler::Native(state) => Ran::from(unsafe { state.run(args, spans, out, cancel) }),
         }
     }
 
@@ -67,6 +77,7 @@ impl Handler {
     pub fn unpin(&self, key: PinKey) -> bool {
         match self {
             Handler::Lua(vm) => vm.unpin(key),
+            Handler::Native(_) => false,
         }
     }
 
@@ -75,6 +86,7 @@ impl Handler {
     pub fn has_pins(&self) -> bool {
         match self {
             Handler::Lua(vm) => vm.has_pins(),
+            Handler::Native(_) => false,
         }
     }
 
@@ -83,6 +95,8 @@ impl Handler {
     pub fn collect(&self) -> Result<(), String> {
         match self {
             Handler::Lua(vm) => vm.collect_garbage(),
+            // Its memory is the library's own business.
+            Handler::Native(_) => Ok(()),
         }
     }
 }

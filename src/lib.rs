@@ -29,6 +29,7 @@ mod conf_error;
 pub mod ffi;
 pub mod handler;
 pub mod lua;
+pub mod native;
 pub mod ngx;
 pub mod preload;
 pub mod run;
@@ -48,7 +49,7 @@ const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
 /// The directives other than the settings' (settings.rs).
-const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 9] = [
+const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 10] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -84,6 +85,12 @@ const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 9] = [
         BLOCK_MAIN,
         conf::set_chunk,
         PROCESS | BLOCK,
+    ),
+    command(
+        ngx_string(c"thread_pool_process_by_rust"),
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
+        conf::set_native,
+        0,
     ),
     command(
         ngx_string(c"lua_thread_pool"),
@@ -281,12 +288,8 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             .pools
             .iter()
             .map(|p| {
-                let (process, style) = p.process.clone().ok_or("pool without handler")?;
-                let spec = handler::Spec {
-                    pool: p.name.clone(),
-                    log,
-                    settings: p.settings,
-                    kind: handler::Kind::Lua(vm::Spec {
+                let kind = match p.process.clone().ok_or("pool without handler")? {
+                    conf::Process::Lua(process, style) => handler::Kind::Lua(vm::Spec {
                         init: p.init.clone(),
                         process,
                         style,
@@ -294,6 +297,13 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                         package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                         ngx: ngx_env,
                     }),
+                    conf::Process::Native(native) => handler::Kind::Native(native),
+                };
+                let spec = handler::Spec {
+                    pool: p.name.clone(),
+                    log,
+                    settings: p.settings,
+                    kind,
                 };
                 Ok(worker::PoolSetup {
                     spec,
