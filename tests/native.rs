@@ -387,3 +387,113 @@ fn a_worker_quits_while_a_native_task_runs() {
     assert!(log.contains("thread pool \"c\": stopped"), "{log}");
     ngx.assert_clean_log();
 }
+
+/// A native pool's abort paths once in nginx run by valgrind's memcheck
+/// (`make valgrind`, beside the Lua scenarios of tests/lifetime.rs): a
+/// client that closes while its task runs, a timeout whose request ends
+/// before the result, a batch's timeout, a spinning task cancelled by its
+/// timeout, error, garbage and oversized results; then quit, freeing every
+/// thread's state. Fails on any memory error or definite leak that
+/// tests/valgrind.supp does not name.
+#[test]
+#[ignore = "needs valgrind; run with `make valgrind`"]
+fn native_abort_scenarios_under_valgrind() {
+    const COUNT: usize = 10;
+    let libs = Libs::new();
+    let lib = libs.build("valgrind", &[]);
+    let supp = repo().join("tests/valgrind.supp");
+    let http = format!(
+        r#"thread_pool_process_by_rust c {};
+    server {{
+        listen 127.0.0.1:$PORT;
+        lua_check_client_abort on;
+        location /abort {{
+            content_by_lua_block {{
+                ngx.print("pushed")
+                ngx.flush(true)
+                require("resty.threadpool").c:push_task("sleep")
+            }}
+        }}
+        location /timeout {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                local _, err = tp.c:push_task_timeout(0.005, "sleep")
+                local _, berr = tp.c:push_tasks_timeout(0.005, {{ {{ "sleep" }}, {{ "sleep" }} }})
+                local _, serr = tp.c:push_task_timeout(0.05, "spin")
+                ngx.print(err, " ", berr, " ", serr)
+            }}
+        }}
+        location /results {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                local _, e1 = tp.c:push_task("error")
+                local _, e2 = tp.c:push_task("garbage")
+                local _, e3 = tp.c:push_task("big")
+                ngx.print(e1, "|", e2 and e2:sub(1, 11), "|", e3)
+            }}
+        }}
+        location /idle {{
+            content_by_lua_block {{
+                local s = require("resty.threadpool").c:stats()
+                ngx.print(s.busy + s.queued)
+            }}
+        }}
+    }}"#,
+        lib.display()
+    );
+    let mut n = Nginx::start_single(
+        |dir| {
+            vec![
+                "valgrind".into(),
+                "--tool=memcheck".into(),
+                "--leak-check=full".into(),
+                "--errors-for-leak-kinds=definite".into(),
+                "--error-exitcode=99".into(),
+                "--num-callers=40".into(),
+                format!("--suppressions={}", supp.display()),
+                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
+            ]
+        },
+        Duration::from_secs(120),
+        "thread_pool c threads=2;",
+        &http,
+    );
+    for _ in 0..COUNT {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", n.port)).unwrap();
+        use std::io::{Read, Write};
+        write!(s, "GET /abort HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf);
+    }
+    for _ in 0..COUNT {
+        assert_eq!(n.get("/timeout").text(), "timeout timeout timeout");
+    }
+    assert_eq!(
+        n.get("/results").text(),
+        "handler error|bad payload|return values exceed 16777216 bytes"
+    );
+    // Quit only when idle: a single process exits at once on QUIT.
+    assert!(eventually(Duration::from_secs(120), || n
+        .get("/idle")
+        .text()
+        == "0"));
+    std::thread::sleep(Duration::from_millis(500));
+    n.signal("QUIT");
+    assert!(
+        n.wait_exit(Duration::from_secs(120)),
+        "nginx did not exit under valgrind"
+    );
+    let report = std::fs::read_to_string(n.dir.join("logs/valgrind.log")).unwrap();
+    let summary = report
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR SUMMARY"))
+        .unwrap_or_default();
+    eprintln!("valgrind: {summary}");
+    assert!(
+        n.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
+        "valgrind found errors (exit {:?}):\n{report}",
+        n.status
+    );
+    n.assert_clean_log();
+}
