@@ -7,8 +7,9 @@
 //! thread_pool_process_by_lua_file POOL path.lua;
 //! thread_pool_init_by_lua_block    POOL { code }   # see conf_block.rs
 //! thread_pool_process_by_lua_block POOL { code }
+//! thread_pool_process_by_rust POOL path.so [CONFIG];   # or a native handler
 //! lua_thread_pool NAME threads=N [max_queue=M];
-//! thread_pool_slow_task_log POOL time | off;
+//! thread_pool_slow_task_log POOL time | off;   # and the other settings.rs
 //! thread_pool_accept_gate on | off [high=N] [low=M];
 //! ```
 //! The pool itself is nginx's `thread_pool NAME threads=N [max_queue=M]`.

@@ -8,15 +8,18 @@
 //!    (configuration, logs, lua-nginx-module's semaphores and API, the
 //!    notify multiplexer, the OS calls). It calls up only through callbacks
 //!    registered with it.
-//! 2. `codec/` (MessagePack between the event loop and the threads) and
-//!    `vm/` (a pool thread's Lua state and its `ngx` table).
+//! 2. `codec/` (MessagePack between the event loop and the threads),
+//!    `vm/` (a pool thread's Lua state and its `ngx` table), `native/` (a
+//!    pool thread's native handler library), and `handler.rs`, the seam
+//!    over the two kinds that the threads use.
 //! 3. `worker/`: the worker's state — pools and their threads, task
 //!    records, completions.
 //! 4. `conf.rs` + `conf_block.rs` (the directives) and `ffi.rs` (the C API
 //!    of lua/resty/threadpool.lua).
 //!
 //! One task's journey: `ffi.rs` (push) → `worker/mod.rs` (queue) →
-//! `worker/threads.rs` → `vm/` (decode, run, encode with `codec/`) →
+//! `worker/threads.rs` → `handler.rs` → `vm/` (decode, run, encode with
+//! `codec/`) or `native/` →
 //! `ngx/notify.rs` (wake) → `worker/tasks.rs` (complete, post the
 //! semaphore) → `ffi.rs` (result).
 
