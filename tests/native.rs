@@ -215,6 +215,17 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
         err.contains("\"thread_pool_process_by_rust\" directive cannot be used with \"thread_pool_init_by_lua\" for pool \"c\""),
         "{err}"
     );
+    // the pool is the module's, as a Lua one is
+    let aio = format!(
+        "thread_pool_process_by_rust c {};\nserver {{ listen 127.0.0.1:$PORT; location /f {{ aio threads=c; }} }}",
+        good.display()
+    );
+    let out = nginx_test("thread_pool c threads=1;", &aio, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("thread pool \"c\" has a thread_pool_process_by_rust handler and cannot also serve \"aio threads\""),
+        "{err}"
+    );
     // a relative path is the prefix's: nginx -t's prefix is a sibling of
     // the libraries' directory under the temp dir
     let relative = format!(
