@@ -108,6 +108,7 @@ fairness: build bench-deps
 valgrind: build
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES=valgrind
 	cargo test --release --test lifetime -- --ignored --nocapture abort_scenarios_under_valgrind
+	cargo test --release --test native -- --ignored --nocapture native_abort_scenarios_under_valgrind
 
 # One nginx with 2 workers and every feature at once under a bounded
 # loopback load, a reload every 30 s, for MINUTES minutes: writes

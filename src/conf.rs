@@ -7,8 +7,9 @@
 //! thread_pool_process_by_lua_file POOL path.lua;
 //! thread_pool_init_by_lua_block    POOL { code }   # see conf_block.rs
 //! thread_pool_process_by_lua_block POOL { code }
+//! thread_pool_process_by_rust POOL path.so [CONFIG];   # or a native handler
 //! lua_thread_pool NAME threads=N [max_queue=M];
-//! thread_pool_slow_task_log POOL time | off;
+//! thread_pool_slow_task_log POOL time | off;   # and the other settings.rs
 //! thread_pool_accept_gate on | off [high=N] [low=M];
 //! thread_pool_shadow POOL SHADOW [sample=RATIO];
 //! ```
@@ -16,33 +17,40 @@
 
 use crate::conf_block;
 pub use crate::conf_error::ConfError;
+use crate::native::{self, Library};
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
-use crate::ngx::os::{Policy, Scheduling};
 use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
+use crate::settings::{lossy, Settings, DIRECTIVES};
 use crate::vm::chunk::{self, Chunk, Style};
 use std::ffi::{c_char, c_void};
-use std::time::Duration;
+use std::sync::Arc;
+
+/// A pool's handler: Lua code, or a native library
+/// (`thread_pool_process_by_rust`). A pool runs one kind, never both.
+#[derive(Clone)]
+pub enum Process {
+    Lua(Chunk, Style),
+    Native(native::Spec),
+}
 
 /// One pool with a handler, as configured.
 pub struct PoolConf {
     pub name: String,
     pub pool: ThreadPool,
     pub init: Option<Chunk>,
-    pub process: Option<(Chunk, Style)>,
+    pub process: Option<Process>,
+    /// The directives that set `init` and `process`, for errors naming
+    /// them.
+    pub init_by: String,
+    pub process_by: String,
     /// The first directive naming the pool and where it is, for errors
     /// found after the whole configuration is read.
     pub defined_by: String,
     pub defined_at: String,
-    /// `thread_pool_slow_task_log`: a warn line for a task running longer
-    /// (None: off).
-    pub slow_task: Option<Duration>,
-    /// `thread_pool_scheduling`.
-    pub scheduling: Scheduling,
-    /// `thread_pool_zero_copy`: strings of at least this many bytes are
-    /// read in place rather than copied (None: off).
-    pub zero_copy: Option<usize>,
+    /// Set by the directives of settings.rs.
+    pub settings: Settings,
     /// `thread_pool_shadow`: where a share of the pool's tasks runs again.
     pub shadow: Option<ShadowConf>,
     /// From the thread_pool declaration, read at init_module.
@@ -127,11 +135,11 @@ impl MainConf {
             pool,
             init: None,
             process: None,
+            init_by: String::new(),
+            process_by: String::new(),
             defined_by: cf.args().first().map(|d| lossy(d)).unwrap_or_default(),
             defined_at: cf.file_line(),
-            slow_task: Some(DEFAULT_SLOW_TASK),
-            scheduling: DEFAULT_SCHEDULING,
-            zero_copy: Some(DEFAULT_ZERO_COPY),
+            settings: Settings::default(),
             shadow: None,
             threads: 0,
             max_queue: 0,
@@ -159,6 +167,7 @@ impl MainConf {
                 };
                 return Err(ConfError::SharedWithAio {
                     pool: p.name.clone(),
+                    by: short_name(&p.process_by).into(),
                     place,
                     at: p.defined_at.clone(),
                 });
@@ -223,75 +232,26 @@ macro_rules! main_conf_setter {
     };
 }
 
-/// `thread_pool_slow_task_log`'s default: a LuaJIT task this long is
-/// almost certainly stuck (a loop that cannot be interrupted).
-const DEFAULT_SLOW_TASK: Duration = Duration::from_secs(10);
-
-main_conf_setter!(set_slow_task, slow_task);
-
-/// `thread_pool_slow_task_log POOL TIME | off;`.
-fn slow_task(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
-    let args = cf.args();
-    let threshold = if args[2] == b"off" {
-        None
-    } else {
-        match cf.parse_time_ms(args[2]) {
-            Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
-            _ => return Err(ConfError::BadTime),
-        }
-    };
-    main.pool_mut(cf, args[1])?.slow_task = threshold;
-    Ok(())
-}
-
-/// `thread_pool_scheduling`'s default: on a loaded machine the event loop
-/// gets the CPU first when it has work, so a static request waits less
-/// behind CPU-heavy tasks, which still get the rest of the CPU.
-const DEFAULT_SCHEDULING: Scheduling = Scheduling {
-    policy: Policy::Normal,
-    nice: 5,
-};
-
-main_conf_setter!(set_scheduling, scheduling);
-
-/// `thread_pool_scheduling POOL normal | batch | idle
-/// [nice=N];`.
-fn scheduling(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
-    let args = cf.args();
-    let policy = Scheduling::parse_policy(args[2])
-        .ok_or_else(|| ConfError::BadScheduling(lossy(args[2])))?;
-    let mut nice = DEFAULT_SCHEDULING.nice;
-    if let Some(arg) = args.get(3) {
-        let arg = lossy(arg);
-        nice = arg
-            .strip_prefix("nice=")
-            .and_then(|n| n.parse::<i32>().ok())
-            .filter(|n| (0..=19).contains(n))
-            .ok_or(ConfError::BadScheduling(arg))?;
+/// The setter of every directive of settings.rs, whose command's `post`
+/// is its index in DIRECTIVES.
+///
+/// # Safety
+/// Called by nginx only, with `conf` our MainConf.
+pub unsafe extern "C" fn set_setting(
+    cf: *mut sys::ngx_conf_t,
+    cmd: *mut sys::ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx passes this command, whose post is its entry.
+    let directive = &DIRECTIVES[unsafe { (*cmd).post as usize }];
+    // SAFETY: forwarded from nginx.
+    unsafe {
+        setter(cf, conf, |cf, main| {
+            let args = cf.args();
+            let settings = &mut main.pool_mut(cf, args[1])?.settings;
+            (directive.parse)(settings, cf, &args[2..])
+        })
     }
-    main.pool_mut(cf, args[1])?.scheduling = Scheduling { policy, nice };
-    Ok(())
-}
-
-/// `thread_pool_zero_copy`'s default. Borrowing a string costs a fixed
-/// ~0.5 µs (anchoring it, a span, a pin) and saves copying it twice; from
-/// this size the copies cost more (`make bench`, zero-copy rows).
-pub const DEFAULT_ZERO_COPY: usize = 16 * 1024;
-
-main_conf_setter!(set_zero_copy, zero_copy);
-
-/// `thread_pool_zero_copy POOL SIZE | off;`.
-fn zero_copy(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
-    let args = cf.args();
-    let min = match args[2] {
-        b"off" => None,
-        size => match cf.parse_size(size) {
-            Some(n) if n > 0 => Some(n),
-            _ => return Err(ConfError::BadZeroCopy(lossy(size))),
-        },
-    };
-    main.pool_mut(cf, args[1])?.zero_copy = min;
-    Ok(())
 }
 
 main_conf_setter!(set_accept_gate, accept_gate);
@@ -358,10 +318,6 @@ fn shadow(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
     Ok(())
 }
 
-fn lossy(arg: &[u8]) -> String {
-    String::from_utf8_lossy(arg).into_owned()
-}
-
 /// nginx's default max_queue of a thread pool.
 const DEFAULT_MAX_QUEUE: usize = 65536;
 
@@ -409,10 +365,8 @@ pub unsafe extern "C" fn set_chunk(
 
 fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfError> {
     let args = cf.args();
-    let (directive, name) = (String::from_utf8_lossy(args[0]).into_owned(), args[1]);
-    let short = directive
-        .trim_end_matches("_file")
-        .trim_end_matches("_block");
+    let (directive, name) = (lossy(args[0]), args[1]);
+    let short = short_name(&directive);
     // The line of a block's `{`: its Lua line 1.
     let block_start = (kind & BLOCK != 0).then(|| cf.line());
     let chunk = if let Some(start) = block_start {
@@ -445,9 +399,14 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfEr
         ConfError::Compile(e)
     })?;
     let pool = main.pool_mut(cf, name)?;
+    if let Some(Process::Native(_)) = pool.process {
+        return Err(pool.mixed_with(&pool.process_by));
+    }
     let slot_taken = if kind & PROCESS != 0 {
-        pool.process.replace((chunk, style)).is_some()
+        pool.process_by = directive;
+        pool.process.replace(Process::Lua(chunk, style)).is_some()
     } else {
+        pool.init_by = directive;
         pool.init.replace(chunk).is_some()
     };
     if slot_taken {
@@ -455,5 +414,51 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfEr
             pool: pool.name.clone(),
         });
     }
+    Ok(())
+}
+
+/// A Lua directive's name without its `_file` or `_block`.
+fn short_name(directive: &str) -> &str {
+    directive
+        .trim_end_matches("_file")
+        .trim_end_matches("_block")
+}
+
+impl PoolConf {
+    /// The error of a directive of one kind on a pool that `other` gave
+    /// the other kind.
+    fn mixed_with(&self, other: &str) -> ConfError {
+        ConfError::Mixed {
+            pool: self.name.clone(),
+            other: other.into(),
+        }
+    }
+}
+
+main_conf_setter!(set_native, native);
+
+/// `thread_pool_process_by_rust POOL PATH [CONFIG];`: the library is
+/// loaded now, so that `nginx -t` checks it. PATH is relative to the
+/// prefix, like nginx's other paths.
+fn native(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let directive = lossy(args[0]);
+    let pool = main.pool_mut(cf, args[1])?;
+    match pool.process {
+        Some(Process::Native(_)) => {
+            return Err(ConfError::Duplicate {
+                pool: pool.name.clone(),
+            })
+        }
+        Some(Process::Lua(..)) => return Err(pool.mixed_with(&pool.process_by)),
+        None if pool.init.is_some() => return Err(pool.mixed_with(&pool.init_by)),
+        None => {}
+    }
+    let library = Library::load(&cf.full_path(args[2])).map_err(ConfError::Library)?;
+    pool.process = Some(Process::Native(native::Spec {
+        library: Arc::new(library),
+        config: args.get(3).map(|c| c.to_vec()),
+    }));
+    pool.process_by = directive;
     Ok(())
 }

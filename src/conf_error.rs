@@ -1,6 +1,7 @@
 //! Configuration errors: what `nginx -t` prints, at emerg, with the file
 //! and line.
 
+use crate::native::LoadError;
 use std::fmt;
 
 #[derive(Debug)]
@@ -35,6 +36,14 @@ pub enum ConfError {
     Duplicate {
         pool: String,
     },
+    /// A Lua directive and a native one on the same pool; `other` is the
+    /// one that came first.
+    Mixed {
+        pool: String,
+        other: String,
+    },
+    /// A native handler library that cannot be used.
+    Library(LoadError),
     /// Errors found once the whole configuration is read (init_module).
     NoProcess {
         pool: String,
@@ -44,6 +53,8 @@ pub enum ConfError {
     },
     SharedWithAio {
         pool: String,
+        /// The pool's handler directive.
+        by: String,
         place: String,
         at: String,
     },
@@ -91,13 +102,24 @@ impl fmt::Display for ConfError {
             ConfError::Block(msg) => f.write_str(msg),
             ConfError::Compile(msg) => write!(f, "failed to compile: {msg}"),
             ConfError::Duplicate { pool } => write!(f, "is duplicate for pool \"{pool}\""),
+            ConfError::Mixed { pool, other } => write!(
+                f,
+                "cannot be used with \"{other}\" for pool \"{pool}\": a pool runs Lua or a \
+                 native handler, not both"
+            ),
+            ConfError::Library(e) => write!(f, "{e}"),
             ConfError::NoProcess { pool, by, at } => write!(
                 f,
                 "thread pool \"{pool}\" has {by} but no thread_pool_process_by_lua in {at}"
             ),
-            ConfError::SharedWithAio { pool, place, at } => write!(
+            ConfError::SharedWithAio {
+                pool,
+                by,
+                place,
+                at,
+            } => write!(
                 f,
-                "thread pool \"{pool}\" has a thread_pool_process_by_lua handler and cannot \
+                "thread pool \"{pool}\" has a {by} handler and cannot \
                  also serve \"aio threads\" (in {place}): declare another thread_pool for aio, \
                  in {at}"
             ),

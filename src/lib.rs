@@ -8,15 +8,18 @@
 //!    (configuration, logs, lua-nginx-module's semaphores and API, the
 //!    notify multiplexer, the OS calls). It calls up only through callbacks
 //!    registered with it.
-//! 2. `codec/` (MessagePack between the event loop and the threads) and
-//!    `vm/` (a pool thread's Lua state and its `ngx` table).
+//! 2. `codec/` (MessagePack between the event loop and the threads),
+//!    `vm/` (a pool thread's Lua state and its `ngx` table), `native/` (a
+//!    pool thread's native handler library), and `handler.rs`, the seam
+//!    over the two kinds that the threads use.
 //! 3. `worker/`: the worker's state — pools and their threads, task
 //!    records, completions.
 //! 4. `conf.rs` + `conf_block.rs` (the directives) and `ffi.rs` (the C API
 //!    of lua/resty/threadpool.lua).
 //!
 //! One task's journey: `ffi.rs` (push) → `worker/mod.rs` (queue) →
-//! `worker/threads.rs` → `vm/` (decode, run, encode with `codec/`) →
+//! `worker/threads.rs` → `handler.rs` → `vm/` (decode, run, encode with
+//! `codec/`) or `native/` →
 //! `ngx/notify.rs` (wake) → `worker/tasks.rs` (complete, post the
 //! semaphore) → `ffi.rs` (result).
 
@@ -27,9 +30,13 @@ pub mod conf;
 pub mod conf_block;
 mod conf_error;
 pub mod ffi;
+pub mod handler;
 pub mod lua;
+pub mod native;
 pub mod ngx;
 pub mod preload;
+pub mod run;
+pub mod settings;
 pub mod status;
 pub mod vm;
 pub mod worker;
@@ -44,7 +51,8 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-static mut COMMANDS: [sys::ngx_command_t; 14] = [
+/// The directives other than the settings' (settings.rs).
+const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 11] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -82,27 +90,15 @@ static mut COMMANDS: [sys::ngx_command_t; 14] = [
         PROCESS | BLOCK,
     ),
     command(
+        ngx_string(c"thread_pool_process_by_rust"),
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
+        conf::set_native,
+        0,
+    ),
+    command(
         ngx_string(c"lua_thread_pool"),
         sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
         conf::set_pool,
-        0,
-    ),
-    command(
-        ngx_string(c"thread_pool_slow_task_log"),
-        TAKE2_MAIN,
-        conf::set_slow_task,
-        0,
-    ),
-    command(
-        ngx_string(c"thread_pool_scheduling"),
-        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
-        conf::set_scheduling,
-        0,
-    ),
-    command(
-        ngx_string(c"thread_pool_zero_copy"),
-        TAKE2_MAIN,
-        conf::set_zero_copy,
         0,
     ),
     command(
@@ -123,8 +119,33 @@ static mut COMMANDS: [sys::ngx_command_t; 14] = [
         status::set_status,
         0,
     ),
-    NULL_COMMAND,
 ];
+
+const COMMAND_COUNT: usize = COMMANDS_BUT_SETTINGS.len() + settings::DIRECTIVES.len() + 1;
+
+static mut COMMANDS: [sys::ngx_command_t; COMMAND_COUNT] = commands();
+
+/// Every directive: COMMANDS_BUT_SETTINGS, one per setting, the end mark.
+const fn commands() -> [sys::ngx_command_t; COMMAND_COUNT] {
+    let mut all = [NULL_COMMAND; COMMAND_COUNT];
+    let mut i = 0;
+    while i < COMMANDS_BUT_SETTINGS.len() {
+        all[i] = COMMANDS_BUT_SETTINGS[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < settings::DIRECTIVES.len() {
+        let d = &settings::DIRECTIVES[j];
+        all[i + j] = command(
+            ngx_string(d.name),
+            sys::NGX_HTTP_MAIN_CONF | d.args,
+            conf::set_setting,
+            j,
+        );
+        j += 1;
+    }
+    all
+}
 
 static mut HTTP_CTX: sys::ngx_http_module_t = sys::ngx_http_module_t {
     preconfiguration: None,
@@ -276,24 +297,27 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             .pools
             .iter()
             .map(|p| {
-                let (process, style) = p.process.clone().ok_or("pool without handler")?;
-                let spec = vm::Spec {
+                let kind = match p.process.clone().ok_or("pool without handler")? {
+                    conf::Process::Lua(process, style) => handler::Kind::Lua(vm::Spec {
+                        init: p.init.clone(),
+                        process,
+                        style,
+                        package_path: paths.as_ref().map(|(path, _)| path.clone()),
+                        package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
+                        ngx: ngx_env,
+                    }),
+                    conf::Process::Native(native) => handler::Kind::Native(native),
+                };
+                let spec = handler::Spec {
                     pool: p.name.clone(),
-                    init: p.init.clone(),
-                    process,
-                    style,
-                    package_path: paths.as_ref().map(|(path, _)| path.clone()),
-                    package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                     log,
-                    ngx: ngx_env,
-                    zero_copy: p.zero_copy,
+                    settings: p.settings,
+                    kind,
                 };
                 Ok(worker::PoolSetup {
                     spec,
                     threads: p.threads,
                     max_queue: p.max_queue,
-                    slow_task: p.slow_task,
-                    scheduling: p.scheduling,
                     shadow: p.shadow.as_ref().map(|s| (s.pool, s.sample)),
                 })
             })

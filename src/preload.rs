@@ -101,7 +101,7 @@ unsafe fn int_arg(l: *mut lua_State, i: c_int) -> i64 {
 
 /// Which strings of pool `pool`'s arguments are borrowed.
 fn borrow_of(pool: usize) -> Option<Borrow> {
-    let min = crate::conf::running_pools().get(pool)?.zero_copy?;
+    let min = crate::conf::running_pools().get(pool)?.settings.zero_copy?;
     Some(Borrow { min, nested: true })
 }
 

@@ -51,7 +51,9 @@ impl EncError {
     }
 }
 
-pub(super) fn size_message(what: &str) -> String {
+/// The error of a payload over MAX_PAYLOAD, naming what it holds
+/// ("argument", "return value").
+pub fn size_message(what: &str) -> String {
     format!("{what}s exceed {MAX_PAYLOAD} bytes")
 }
 

@@ -32,7 +32,7 @@ mod wire;
 
 pub use decode::{decode, error_text, reuse, Decoded};
 pub use encode::{anchor, write_values, Borrow, Source};
-pub use message::lua_type_name;
+pub use message::{lua_type_name, size_message};
 pub use value::{values, Value, Values};
 pub use wire::{
     encode_string, CodecError, Span, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,

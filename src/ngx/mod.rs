@@ -6,6 +6,7 @@
 pub mod accept;
 pub mod bindings;
 pub mod conf;
+pub mod dl;
 pub mod guard;
 pub mod http;
 pub mod http_locations;

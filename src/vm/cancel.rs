@@ -1,35 +1,11 @@
-//! Cooperative cancellation: a task's flag that its caller gave up, and
-//! how the handler running the task reads it.
-//!
-//! The event loop sets the flag when the caller lets go of a task that has
-//! not finished (timeout, request gone, its batch timed out:
-//! worker/tasks.rs). A task no thread took yet is then skipped; a running
-//! one cannot be interrupted, but its handler may look and stop early.
-//! `Cancel::is_cancelled` is the one place the flag is read, whatever the
-//! handler's kind: a pool thread marks the task it runs (`running`), and a
-//! Lua handler reads that mark through `ngx_threadpool_task_cancelled`
-//! (cancel.lua: `require("resty.threadpool").cancelled()`).
+//! Cooperative cancellation, a Lua handler's side: the pool thread marks
+//! the task its state runs (`running`), and the handler reads that mark
+//! through `ngx_threadpool_task_cancelled` (cancel.lua:
+//! `require("resty.threadpool").cancelled()`). The flag is run::Cancel.
 
+use crate::run::Cancel;
 use mlua::Lua;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Whether the caller of a task gave up on it. Relaxed: it only decides
-/// whether work is wasted, never what is read; a handler sees it at its
-/// next look, which on x86 is the next load after the store.
-#[derive(Default)]
-pub struct Cancel(AtomicBool);
-
-impl Cancel {
-    /// The caller gave up (event loop).
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 thread_local! {
     /// The flag of the task this thread runs now (null between tasks and

@@ -18,11 +18,11 @@ mod ngx_re;
 mod task;
 
 pub use ngx_api::NgxEnv;
-pub use task::Outcome;
 
 use crate::codec::{self, CodecError, Span};
 use crate::lua::call::{CFunction, Status};
 use crate::ngx::log::Log;
+use crate::run::{Cancel, Outcome, PinKey, Ran};
 use chunk::{error_text, Chunk, Style};
 use mlua::ffi::{self, lua_State};
 use mlua::Lua;
@@ -32,20 +32,15 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use task::{Refs, Setup, Task, Unpin};
 
-/// What a thread needs to build its state; cloned into every thread.
+/// What a thread needs to build its Lua state; cloned into every thread.
 #[derive(Clone)]
 pub struct Spec {
-    pub pool: String,
     pub init: Option<Chunk>,
     pub process: Chunk,
     pub style: Style,
     pub package_path: Option<Vec<u8>>,
     pub package_cpath: Option<Vec<u8>>,
-    pub log: Option<Log>,
     pub ngx: NgxEnv,
-    /// Result strings of at least this many bytes are borrowed by the
-    /// event loop (`thread_pool_zero_copy`; None: copied).
-    pub zero_copy: Option<usize>,
 }
 
 /// The C functions a state's protected calls run.
@@ -74,23 +69,25 @@ impl Drop for ThreadVm {
     }
 }
 
-/// Names the result strings of one task that a state keeps alive; unique
-/// in the process, so a key finds its state after a rebuild too. Below
-/// 2^53: it is a Lua number in the state.
-pub type PinKey = u64;
-
 static NEXT_PIN: AtomicU64 = AtomicU64::new(1);
 
 impl ThreadVm {
     /// Builds the state: standard libraries (with ffi and jit), package
-    /// paths, the `ngx` table, the init chunk, then the handler.
-    pub fn new(spec: &Spec) -> Result<ThreadVm, String> {
+    /// paths, the `ngx` table (logging as `pool` to `log`), the init
+    /// chunk, then the handler. Result strings of at least `zero_copy`
+    /// bytes are borrowed by the event loop (None: copied).
+    pub fn new(
+        spec: &Spec,
+        pool: &str,
+        log: Option<Log>,
+        zero_copy: Option<usize>,
+    ) -> Result<ThreadVm, String> {
         let (lua, allocator) = crate::lua::new_thread_state().map_err(|e| error_text(&e))?;
-        let built = build(&lua, spec);
+        let built = build(&lua, spec, pool, log);
         match built {
             Ok((l, refs, calls)) => Ok(ThreadVm {
                 pinned: RefCell::default(),
-                zero_copy: spec.zero_copy,
+                zero_copy,
                 l,
                 refs,
                 calls,
@@ -107,7 +104,8 @@ impl ThreadVm {
     /// Runs one task with the encoded arguments `args` (borrowing
     /// `spans`): its results, or its error value, go to `out` and
     /// `out_spans`. With borrowed results, the key under which their
-    /// strings stay pinned until `unpin`.
+    /// strings stay pinned until `unpin`. The handler sees `cancel` through
+    /// `require("resty.threadpool").cancelled()` (cancel.rs).
     ///
     /// # Safety
     /// The bytes of `spans` must be alive until this returns (the shim
@@ -118,6 +116,7 @@ impl ThreadVm {
         spans: &[Span],
         out: &mut Vec<u8>,
         out_spans: &mut Vec<Span>,
+        cancel: &Cancel,
     ) -> Ran {
         let key = NEXT_PIN.fetch_add(1, Ordering::Relaxed);
         let mut t = Task {
@@ -134,7 +133,9 @@ impl ThreadVm {
         };
         // SAFETY: l is this thread's state; t is what task::run expects
         // and outlives the call; the spans are alive (our contract).
-        let status = unsafe { self.calls.run.call(self.l, (&raw mut t).cast::<c_void>()) };
+        let status = cancel::running(cancel, || unsafe {
+            self.calls.run.call(self.l, (&raw mut t).cast::<c_void>())
+        });
         match status {
             Status::Ok => {}
             // Raised outside the handler: building its arguments or
@@ -191,7 +192,12 @@ impl ThreadVm {
 
 /// Sets the state up (see the module comment): its main thread, the
 /// handler's references and the C functions of its protected calls.
-fn build(lua: &Lua, spec: &Spec) -> Result<(*mut lua_State, Refs, Calls), String> {
+fn build(
+    lua: &Lua,
+    spec: &Spec,
+    pool: &str,
+    log: Option<Log>,
+) -> Result<(*mut lua_State, Refs, Calls), String> {
     let package: mlua::Table = lua.globals().get("package").map_err(|e| error_text(&e))?;
     for (key, value) in [("path", &spec.package_path), ("cpath", &spec.package_cpath)] {
         if let Some(v) = value {
@@ -199,7 +205,7 @@ fn build(lua: &Lua, spec: &Spec) -> Result<(*mut lua_State, Refs, Calls), String
             package.set(key, s).map_err(|e| error_text(&e))?;
         }
     }
-    ngx_api::install(lua, &spec.pool, spec.log, &spec.ngx).map_err(|e| error_text(&e))?;
+    ngx_api::install(lua, pool, log, &spec.ngx).map_err(|e| error_text(&e))?;
     cancel::install(lua).map_err(|e| error_text(&e))?;
     let ngx: mlua::Table = lua.globals().get("ngx").map_err(|e| error_text(&e))?;
     let log: mlua::Function = ngx.get("log").map_err(|e| error_text(&e))?;
@@ -242,29 +248,4 @@ fn build(lua: &Lua, spec: &Spec) -> Result<(*mut lua_State, Refs, Calls), String
         Some(e) => Err(e),
         None => Ok((l, s.refs, calls)),
     }
-}
-
-/// What running a task gave: how it went, the key of its borrowed result
-/// strings, and the finalizers that failed after it (how many, the first
-/// one's error).
-pub struct Ran {
-    pub outcome: Outcome,
-    pub pin: Option<PinKey>,
-    pub drained: (u32, Option<String>),
-}
-
-impl From<Outcome> for Ran {
-    fn from(outcome: Outcome) -> Ran {
-        Ran {
-            outcome,
-            pin: None,
-            drained: (0, None),
-        }
-    }
-}
-
-/// Replaces `payload` with a single string error value.
-pub fn fail(payload: &mut Vec<u8>, msg: &str) {
-    payload.clear();
-    codec::encode_string(msg.as_bytes(), payload);
 }

@@ -8,6 +8,7 @@
 use super::chunk::{Chunk, Style};
 use crate::codec::{self, Borrow, CodecError, Source, Span};
 use crate::lua::call::{argument, plain_text};
+use crate::run::Outcome;
 use mlua::ffi::{self, lua_State};
 use std::ffi::{c_int, CString};
 
@@ -123,19 +124,6 @@ unsafe fn error_text(l: *mut lua_State, tostring: c_int) -> String {
         ffi::lua_settop(l, v - 1);
         text
     }
-}
-
-/// How a task went.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The payload holds the results.
-    Done,
-    /// The payload holds the error value for the caller.
-    Failed,
-    /// As Failed, and the state should not serve another task: it ran out
-    /// of memory (its handler may keep what filled it). The thread
-    /// rebuilds it.
-    OutOfMemory,
 }
 
 /// One task: its arguments in, its results (or error value) out.

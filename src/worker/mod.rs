@@ -20,9 +20,8 @@ pub mod work;
 pub use error::WorkerError;
 use stats::PoolStats;
 
+use crate::handler::Spec;
 use crate::ngx::log;
-use crate::ngx::os::Scheduling;
-use crate::vm::Spec;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use payload::Args;
 use shadow::Shadow;
@@ -67,9 +66,6 @@ pub struct PoolSetup {
     pub spec: Spec,
     pub threads: usize,
     pub max_queue: usize,
-    /// Tasks running longer than this get a warn line (None: never).
-    pub slow_task: Option<Duration>,
-    pub scheduling: Scheduling,
     /// `thread_pool_shadow`: the index of the shadow pool and the share
     /// of tasks it runs again.
     pub shadow: Option<(usize, f64)>,
@@ -137,8 +133,6 @@ impl Worker {
                 spec,
                 threads,
                 max_queue,
-                slow_task,
-                scheduling,
                 shadow: _,
             } = setup;
             let (tx, rx) = channels[i].clone();
@@ -146,7 +140,7 @@ impl Worker {
             let mut handles = Vec::with_capacity(threads);
             for i in 0..threads {
                 let running = Arc::new(watchdog::Running::default());
-                if let Some(threshold) = slow_task {
+                if let Some(threshold) = spec.settings.slow_task {
                     watched.push(watchdog::Watched {
                         pool: spec.pool.clone(),
                         thread: i,
@@ -159,7 +153,6 @@ impl Worker {
                     stopping: stopping.clone(),
                     stats,
                     watch: threads::Watch { running, epoch },
-                    scheduling,
                     shadow: shadow.clone(),
                 };
                 let (thread_spec, rx, done) = (spec.clone(), rx.clone(), done_tx.clone());
@@ -176,8 +169,8 @@ impl Worker {
             log::message(
                 log::NGX_LOG_NOTICE,
                 format_args!(
-                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {scheduling}",
-                    spec.pool
+                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {}",
+                    spec.pool, spec.settings.scheduling
                 ),
             );
             pools.push(Pool {

@@ -3,7 +3,7 @@
 //! and, for results, what keeps those alive.
 
 use crate::codec::Span;
-use crate::vm::PinKey;
+use crate::run::PinKey;
 use crossbeam_channel::Sender;
 
 /// The arguments of the tasks of one push: one part of `bytes` per task,

@@ -1,5 +1,5 @@
-//! A pool thread: its Lua state, its loop over the pool's job channel, and
-//! how it goes idle.
+//! A pool thread: its handler (handler.rs, of whichever kind), its loop
+//! over the pool's job channel, and how it goes idle.
 
 use super::payload::{Payload, Pinned};
 use super::shadow::Shadow;
@@ -8,9 +8,10 @@ use super::tasks::{LARGE, POSTED};
 use super::watchdog::Running;
 use super::work::Job;
 use crate::codec;
-use crate::ngx::os::{self, Scheduling};
+use crate::handler::{Handler, Spec};
+use crate::ngx::os;
 use crate::ngx::{guard, log, notify};
-use crate::vm::{self, cancel, Outcome, PinKey, Ran, Spec, ThreadVm};
+use crate::run::{self, Outcome, PinKey, Ran};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,7 +29,6 @@ pub struct ThreadSetup {
     pub stopping: Arc<AtomicBool>,
     pub stats: &'static PoolStats,
     pub watch: Watch,
-    pub scheduling: Scheduling,
     /// Where a sample of this pool's tasks runs again (shadow.rs).
     pub shadow: Option<Arc<Shadow>>,
 }
@@ -45,9 +45,9 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         stopping,
         stats,
         watch,
-        scheduling,
         shadow,
     } = setup;
+    let scheduling = spec.settings.scheduling;
     os::block_async_signals();
     let pool = &spec.pool;
     // nginx's own thread pools log from their threads the same way.
@@ -61,7 +61,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         }
     };
     let build = || {
-        guard::catch(|| ThreadVm::new(&spec))
+        guard::catch(|| Handler::build(&spec, index))
             .and_then(|r| r)
             .map_err(|e| {
                 report(
@@ -79,26 +79,26 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
             ),
         );
     }
-    let collect = |vm: &ThreadVm| {
-        if let Err(e) = vm.collect_garbage() {
+    let collect = |handler: &Handler| {
+        if let Err(e) = handler.collect() {
             report(
                 log::NGX_LOG_WARN,
                 format_args!("thread pool \"{pool}\": error between tasks: {e}"),
             );
         }
     };
-    let mut vm = build();
-    // States rebuilt while the event loop still read result strings of
+    let mut handler = build();
+    // Handlers rebuilt while the event loop still read result strings of
     // theirs: kept until it has let go of them.
-    let mut retired: Vec<ThreadVm> = Vec::new();
+    let mut retired: Vec<Handler> = Vec::new();
     let (unpin_tx, unpin_rx) = unbounded::<PinKey>();
-    let unpin = |vm: &Result<ThreadVm, String>, retired: &mut Vec<ThreadVm>| {
+    let unpin = |handler: &Result<Handler, String>, retired: &mut Vec<Handler>| {
         for key in unpin_rx.try_iter() {
-            if !vm.as_ref().is_ok_and(|vm| vm.unpin(key)) {
+            if !handler.as_ref().is_ok_and(|h| h.unpin(key)) {
                 for old in retired.iter() {
                     old.unpin(key);
                 }
-                retired.retain(ThreadVm::has_pins);
+                retired.retain(Handler::has_pins);
             }
         }
     };
@@ -109,13 +109,13 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
     let mut posted_failures = 0u64;
     let mut last_logged: Option<Instant> = None;
     loop {
-        unpin(&vm, &mut retired);
+        unpin(&handler, &mut retired);
         let job = match next_job(&jobs, handled >= LARGE, &mut spin) {
             Next::Job(job) => job,
             Next::Idle => {
-                unpin(&vm, &mut retired);
-                if let Ok(vm) = &vm {
-                    collect(vm);
+                unpin(&handler, &mut retired);
+                if let Ok(h) = &handler {
+                    collect(h);
                 }
                 os::give_back_free_memory();
                 handled = 0;
@@ -154,21 +154,25 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 bytes: Vec::with_capacity(RESULT_CAPACITY),
                 ..Payload::default()
             };
-            let outcome = match &vm {
-                Ok(vm) => guard::catch(|| {
-                    // SAFETY: whoever pushed keeps the spans' strings alive
-                    // until the completion reaches the event loop, after this.
-                    cancel::running(job.cancelled(), || unsafe {
-                        vm.run(args, spans, &mut result.bytes, &mut result.spans)
-                    })
+            let outcome = match &handler {
+                // SAFETY: whoever pushed keeps the spans' strings alive
+                // until the completion reaches the event loop, after this.
+                Ok(h) => guard::catch(|| unsafe {
+                    h.run(
+                        args,
+                        spans,
+                        &mut result.bytes,
+                        &mut result.spans,
+                        job.cancelled(),
+                    )
                 })
                 .unwrap_or_else(|panic| {
-                    vm::fail(&mut result.bytes, &panic);
+                    run::fail(&mut result.bytes, &panic);
                     result.spans.clear();
                     Ran::from(Outcome::Failed)
                 }),
                 Err(msg) => {
-                    vm::fail(&mut result.bytes, msg);
+                    run::fail(&mut result.bytes, msg);
                     Ran::from(Outcome::Failed)
                 }
             };
@@ -211,14 +215,14 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 // The old state goes first: its memory is what the new one
                 // needs. If the event loop still reads strings of it, it
                 // stays until they are let go of, with its garbage collected.
-                match vm {
+                match handler {
                     Ok(old) if old.has_pins() => {
                         collect(&old);
                         retired.push(old);
                     }
                     _ => {}
                 }
-                vm = build();
+                handler = build();
             }
             handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
             if let Some(expected) = &job.expected {

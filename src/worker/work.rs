@@ -13,7 +13,7 @@
 use super::compare::Expected;
 use super::payload::{Args, Payload};
 use super::tasks::{TaskId, POSTED};
-use crate::vm::cancel::Cancel;
+use crate::run::Cancel;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;

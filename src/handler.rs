@@ -1,0 +1,102 @@
+//! The seam between a pool thread's loop (worker/threads.rs) and its
+//! handler, of whichever kind its pool runs: a Lua state (vm/) or a
+//! native library's state (native/). The loop
+//! builds one handler per thread, runs tasks on it, lets go of result
+//! strings the event loop read in place, collects garbage when idle and
+//! rebuilds it after it ran out of memory; it never asks which kind it
+//! has.
+
+use crate::codec::Span;
+use crate::native;
+use crate::ngx::log::Log;
+use crate::run::{Cancel, PinKey, Ran};
+use crate::settings::Settings;
+use crate::vm::{self, ThreadVm};
+
+/// What a thread needs to build its handler; cloned into every thread.
+#[derive(Clone)]
+pub struct Spec {
+    pub pool: String,
+    pub log: Option<Log>,
+    pub settings: Settings,
+    pub kind: Kind,
+}
+
+/// The kind of handler a pool runs, with what building it takes.
+#[derive(Clone)]
+pub enum Kind {
+    Lua(vm::Spec),
+    Native(native::Spec),
+}
+
+/// One thread's handler; only that thread uses it.
+pub enum Handler {
+    Lua(ThreadVm),
+    Native(native::State),
+}
+
+impl Handler {
+    /// Builds thread `thread`'s handler: the error text when the pool
+    /// cannot serve.
+    pub fn build(spec: &Spec, thread: usize) -> Result<Handler, String> {
+        match &spec.kind {
+            Kind::Lua(lua) => {
+                ThreadVm::new(lua, &spec.pool, spec.log, spec.settings.zero_copy).map(Handler::Lua)
+            }
+            Kind::Native(native) => {
+                native::State::new(native, &spec.pool, spec.log, thread).map(Handler::Native)
+            }
+        }
+    }
+
+    /// Runs one task with the encoded arguments `args` (borrowing
+    /// `spans`): its results, or its error value, go to `out` and
+    /// `out_spans`. `cancel` tells whether the task's caller gave up.
+    ///
+    /// # Safety
+    /// The bytes of `spans` must be alive until this returns.
+    pub unsafe fn run(
+        &self,
+        args: &[u8],
+        spans: &[Span],
+        out: &mut Vec<u8>,
+        out_spans: &mut Vec<Span>,
+        cancel: &Cancel,
+    ) -> Ran {
+        match self {
+            // SAFETY: forwarded from the caller.
+            Handler::Lua(vm) => unsafe { vm.run(args, spans, out, out_spans, cancel) },
+            // SAFETY: forwarded from the caller. Its results borrow
+            // nothing: out_spans stays empty.
+            Handler::Native(state) => Ran::from(unsafe { state.run(args, spans, out, cancel) }),
+        }
+    }
+
+    /// Lets go of the result strings pinned under `key`; false if this
+    /// handler holds none under it.
+    pub fn unpin(&self, key: PinKey) -> bool {
+        match self {
+            Handler::Lua(vm) => vm.unpin(key),
+            Handler::Native(_) => false,
+        }
+    }
+
+    /// Whether some result strings of this handler are still read in
+    /// place.
+    pub fn has_pins(&self) -> bool {
+        match self {
+            Handler::Lua(vm) => vm.has_pins(),
+            Handler::Native(_) => false,
+        }
+    }
+
+    /// Gives back what the handler no longer uses, when the thread goes
+    /// idle after large payloads: an error it met, if any.
+    pub fn collect(&self) -> Result<(), String> {
+        match self {
+            Handler::Lua(vm) => vm.collect_garbage(),
+            // Its memory is the library's own business.
+            Handler::Native(_) => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! A pool thread's native handler: a library written to
+//! handler/include/ngx_threadpool.h (`thread_pool_process_by_rust`), one
+//! state of it per thread, built by `ngx_threadpool_init`, fed one task at
+//! a time by `ngx_threadpool_process` and freed by `ngx_threadpool_free`.
+//!
+//! The library gets the arguments' payload as it crossed (strings the
+//! event loop lends arrive as spans), writes its results through a writer
+//! bounded by codec::MAX_PAYLOAD, and reads the task's cancellation
+//! through a callback. Its results are not checked here: the event loop's
+//! decoder refuses a malformed payload (`bad payload: ...`) as it would
+//! any other.
+
+mod abi;
+mod library;
+
+pub use library::{Library, LoadError};
+
+use crate::codec::{self, Span, MAX_PAYLOAD};
+use crate::ngx::guard;
+use crate::ngx::log::Log;
+use crate::run::{Cancel, Outcome};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Arc;
+
+/// What a thread needs to build its native state; cloned into every
+/// thread.
+#[derive(Clone)]
+pub struct Spec {
+    pub library: Arc<Library>,
+    /// CONFIG of the directive, handed to each thread's init.
+    pub config: Option<Vec<u8>>,
+}
+
+/// Where the library's log lines go; boxed, so that its address, given to
+/// the library, holds for the state's life.
+struct LogTo {
+    log: Option<Log>,
+    /// `, thread pool: NAME`, as the lines of Lua threads end.
+    suffix: String,
+}
+
+/// One thread's state of the library; only that thread uses it.
+pub struct State {
+    state: *mut c_void,
+    library: Arc<Library>,
+    _log: Box<LogTo>,
+}
+
+impl State {
+    /// Runs the library's init for thread `thread` of pool `pool`: its
+    /// error text when it fails.
+    pub fn new(spec: &Spec, pool: &str, log: Option<Log>, thread: usize) -> Result<State, String> {
+        let log_to = Box::new(LogTo {
+            log,
+            suffix: format!(", thread pool: {pool}"),
+        });
+        let init = abi::Init {
+            pool: Span::of(pool.as_bytes()),
+            config: spec.config.as_deref().map_or(
+                Span {
+                    data: std::ptr::null(),
+                    len: 0,
+                },
+                Span::of,
+            ),
+            thread: thread as c_uint,
+            log_fn: log_line,
+            log: (&raw const *log_to).cast(),
+        };
+        let mut err = Vec::new();
+        let mut sink = Sink::new(&mut err);
+        let mut state = std::ptr::null_mut();
+        // SAFETY: init, its strings and log_to outlive the call (log_to the
+        // state's); state and the writer are what the header says.
+        let rc = unsafe { (spec.library.init)(&init, &mut state, &mut sink.out()) };
+        let written = sink.finish();
+        if rc != abi::OK {
+            return Err(match written {
+                Err(text) => text,
+                Ok(()) if err.is_empty() => format!(
+                    "ngx_threadpool_init of \"{}\" returned {rc}",
+                    spec.library.path
+                ),
+                Ok(()) => codec::error_text(&err),
+            });
+        }
+        Ok(State {
+            state,
+            library: spec.library.clone(),
+            _log: log_to,
+        })
+    }
+
+    /// Runs one task: the library's results or error value go to `out`.
+    ///
+    /// # Safety
+    /// The bytes of `spans` must be alive until this returns.
+    pub unsafe fn run(
+        &self,
+        args: &[u8],
+        spans: &[Span],
+        out: &mut Vec<u8>,
+        cancel: &Cancel,
+    ) -> Outcome {
+        let task = abi::Task {
+            args: Span::of(args),
+            spans: spans.as_ptr(),
+            nspans: spans.len(),
+            cancelled,
+            module: (cancel as *const Cancel).cast(),
+        };
+        let mut sink = Sink::new(out);
+        // SAFETY: the state is this thread's; task, its spans (our
+        // contract) and the cancellation flag outlive the call.
+        let rc = unsafe { (self.library.process)(self.state, &task, &mut sink.out()) };
+        match (sink.finish(), rc) {
+            (Err(text), _) => {
+                crate::run::fail(out, &text);
+                Outcome::Failed
+            }
+            (Ok(()), abi::OK) => Outcome::Done,
+            (Ok(()), abi::ERROR) => Outcome::Failed,
+            (Ok(()), rc) => {
+                crate::run::fail(
+                    out,
+                    &format!(
+                        "ngx_threadpool_process of \"{}\" returned {rc}",
+                        self.library.path
+                    ),
+                );
+                Outcome::Failed
+            }
+        }
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // SAFETY: the state came from this library's init, on this thread,
+        // and is freed once.
+        unsafe { (self.library.free)(self.state) };
+    }
+}
+
+/// The payload a library writes, bounded like any other.
+struct Sink<'a> {
+    buf: &'a mut Vec<u8>,
+    /// Why a write was refused: the error the caller gets instead.
+    refused: Option<String>,
+}
+
+impl<'a> Sink<'a> {
+    fn new(buf: &'a mut Vec<u8>) -> Sink<'a> {
+        Sink { buf, refused: None }
+    }
+
+    /// The writer handed to the library, pointing at this sink: used only
+    /// while the sink is borrowed for the call.
+    fn out(&mut self) -> abi::Out {
+        abi::Out {
+            write,
+            module: (self as *mut Sink).cast(),
+        }
+    }
+
+    /// Ok, or the error text of a refused write (the payload is then
+    /// not the library's).
+    fn finish(self) -> Result<(), String> {
+        self.refused.map_or(Ok(()), Err)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> c_int {
+        if self.refused.is_some() {
+            return -1;
+        }
+        if self.buf.len() + bytes.len() > MAX_PAYLOAD {
+            self.refused = Some(codec::size_message("return value"));
+            return -1;
+        }
+        if self.buf.try_reserve(bytes.len()).is_err() {
+            self.refused = Some(codec::NOT_ENOUGH_MEMORY.into());
+            return -1;
+        }
+        self.buf.extend_from_slice(bytes);
+        0
+    }
+}
+
+/// `ngx_tp_out_t.write`.
+unsafe extern "C" fn write(out: *mut abi::Out, data: *const u8, len: usize) -> c_int {
+    guard::catch(|| {
+        // SAFETY: out is the writer of Sink::out, whose module points to
+        // the sink, alive and not otherwise borrowed during the call; data
+        // holds len bytes (the header's contract).
+        unsafe {
+            let sink = &mut *(*out).module.cast::<Sink>();
+            sink.write(crate::ngx::shim::bytes(data, len))
+        }
+    })
+    .unwrap_or(-1)
+}
+
+/// `ngx_tp_task_t.cancelled`.
+unsafe extern "C" fn cancelled(task: *const abi::Task) -> c_int {
+    // SAFETY: task is the one run() passed, whose module is the task's
+    // cancellation flag, alive during the call.
+    c_int::from(unsafe { (*(*task).module.cast::<Cancel>()).is_cancelled() })
+}
+
+/// `ngx_tp_log_pt`: a line in nginx's error log at `level` (clamped to
+/// the header's levels), ending like a Lua thread's.
+unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, len: usize) {
+    let _ = guard::catch(|| {
+        // SAFETY: log is the LogTo of State::new, alive for the state's
+        // life; msg holds len bytes (the header's contract).
+        let (to, msg) = unsafe { (&*log.cast::<LogTo>(), crate::ngx::shim::bytes(msg, len)) };
+        let level = level.clamp(abi::LOG_ERR, abi::LOG_DEBUG) as u32;
+        let mut line = Vec::with_capacity(9 + msg.len() + to.suffix.len());
+        line.extend_from_slice(b"[native] ");
+        line.extend_from_slice(msg);
+        line.extend_from_slice(to.suffix.as_bytes());
+        match to.log {
+            Some(l) => l.write(level, &line),
+            None => eprintln!("{}", String::from_utf8_lossy(&line)),
+        }
+    });
+}

@@ -1,0 +1,128 @@
+//! A pool's settings, declared in one place: each is one field of
+//! `Settings` (its default in `Settings::default`) and one entry of
+//! `DIRECTIVES` (its directive and parser). The directive's setter
+//! (conf.rs) stores the field in the pool's configuration, and the struct
+//! travels unchanged to the worker and each of the pool's threads, which
+//! read the fields they use.
+
+use crate::conf_error::ConfError;
+use crate::ngx::conf::Conf;
+use crate::ngx::os::{Policy, Scheduling};
+use crate::ngx::sys;
+use std::ffi::CStr;
+use std::time::Duration;
+
+/// A pool's settings, as configured.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// `thread_pool_slow_task_log`: a warn line for a task running longer
+    /// (None: off). Read by the worker's watchdog.
+    pub slow_task: Option<Duration>,
+    /// `thread_pool_scheduling`: set by each thread on itself.
+    pub scheduling: Scheduling,
+    /// `thread_pool_zero_copy`: strings of at least this many bytes are
+    /// read in place rather than copied (None: off). Read by the shim for
+    /// arguments, by a Lua thread for results.
+    pub zero_copy: Option<usize>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            // A LuaJIT task this long is almost certainly stuck (a loop
+            // that cannot be interrupted).
+            slow_task: Some(Duration::from_secs(10)),
+            scheduling: DEFAULT_SCHEDULING,
+            zero_copy: Some(DEFAULT_ZERO_COPY),
+        }
+    }
+}
+
+/// The directive of a setting: `NAME POOL ARGS...` in the http block.
+pub struct Directive {
+    pub name: &'static CStr,
+    /// nginx's argument-count flags, POOL included (NGX_CONF_TAKE2...).
+    pub args: u32,
+    pub parse: Parse,
+}
+
+/// Parses a setting's arguments after POOL into its field.
+pub type Parse = fn(&mut Settings, Conf, &[&[u8]]) -> Result<(), ConfError>;
+
+/// Every setting's directive; the setter gets an entry's index.
+pub const DIRECTIVES: [Directive; 3] = [
+    Directive {
+        name: c"thread_pool_slow_task_log",
+        args: sys::NGX_CONF_TAKE2,
+        parse: slow_task,
+    },
+    Directive {
+        name: c"thread_pool_scheduling",
+        args: sys::NGX_CONF_TAKE23,
+        parse: scheduling,
+    },
+    Directive {
+        name: c"thread_pool_zero_copy",
+        args: sys::NGX_CONF_TAKE2,
+        parse: zero_copy,
+    },
+];
+
+/// `thread_pool_slow_task_log POOL TIME | off;`.
+fn slow_task(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError> {
+    s.slow_task = if args[0] == b"off" {
+        None
+    } else {
+        match cf.parse_time_ms(args[0]) {
+            Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
+            _ => return Err(ConfError::BadTime),
+        }
+    };
+    Ok(())
+}
+
+/// `thread_pool_scheduling`'s default: on a loaded machine the event loop
+/// gets the CPU first when it has work, so a static request waits less
+/// behind CPU-heavy tasks, which still get the rest of the CPU.
+const DEFAULT_SCHEDULING: Scheduling = Scheduling {
+    policy: Policy::Normal,
+    nice: 5,
+};
+
+/// `thread_pool_scheduling POOL normal | batch | idle [nice=N];`.
+fn scheduling(s: &mut Settings, _cf: Conf, args: &[&[u8]]) -> Result<(), ConfError> {
+    let policy = Scheduling::parse_policy(args[0])
+        .ok_or_else(|| ConfError::BadScheduling(lossy(args[0])))?;
+    let mut nice = DEFAULT_SCHEDULING.nice;
+    if let Some(arg) = args.get(1) {
+        let arg = lossy(arg);
+        nice = arg
+            .strip_prefix("nice=")
+            .and_then(|n| n.parse::<i32>().ok())
+            .filter(|n| (0..=19).contains(n))
+            .ok_or(ConfError::BadScheduling(arg))?;
+    }
+    s.scheduling = Scheduling { policy, nice };
+    Ok(())
+}
+
+/// `thread_pool_zero_copy`'s default. Borrowing a string costs a fixed
+/// ~0.5 µs (anchoring it, a span, a pin) and saves copying it twice; from
+/// this size the copies cost more (`make bench`, zero-copy rows).
+const DEFAULT_ZERO_COPY: usize = 16 * 1024;
+
+/// `thread_pool_zero_copy POOL SIZE | off;`.
+fn zero_copy(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError> {
+    s.zero_copy = match args[0] {
+        b"off" => None,
+        size => match cf.parse_size(size) {
+            Some(n) if n > 0 => Some(n),
+            _ => return Err(ConfError::BadZeroCopy(lossy(size))),
+        },
+    };
+    Ok(())
+}
+
+pub fn lossy(arg: &[u8]) -> String {
+    String::from_utf8_lossy(arg).into_owned()
+}

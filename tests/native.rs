@@ -1,0 +1,535 @@
+//! Native handlers (`thread_pool_process_by_rust POOL PATH [CONFIG]`): a C
+//! library built from tests/fixtures/native_handler.c serves push_task,
+//! push_tasks and post_task like a Lua pool; `nginx -t` names a library
+//! that cannot be loaded and why; init failures, error results, garbage
+//! and oversized results reach the caller as errors; a reload loads a
+//! library renamed over the old path; a spinning handler sees its caller's
+//! timeout; a worker quits while a native task runs.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Handler libraries compiled for one test, removed with it.
+struct Libs {
+    dir: PathBuf,
+}
+
+impl Libs {
+    fn new() -> Libs {
+        Libs { dir: prefix("lib") }
+    }
+
+    /// Compiles the fixture with `flags` into `name`.so.
+    fn build(&self, name: &str, flags: &[&str]) -> PathBuf {
+        let out = self.dir.join(format!("{name}.so"));
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-I"])
+            .arg(repo().join("handler/include"))
+            .arg("-o")
+            .arg(&out)
+            .arg(repo().join("tests/fixtures/native_handler.c"))
+            .args(flags)
+            .status()
+            .expect("cc");
+        assert!(status.success(), "cc {flags:?} failed");
+        out
+    }
+}
+
+impl Drop for Libs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A location /t that runs the Lua in `?code=` style snippets below.
+const LOCATIONS: &str = r##"
+    server {
+        listen 127.0.0.1:$PORT;
+        location /echo {
+            content_by_lua_block {
+                local cjson = require "cjson"
+                local tp = require "resty.threadpool"
+                local function pack(...) return { n = select("#", ...), ... } end
+                local r = pack(tp.c:push_task("echo", 42, 1.5, true, { a = { 1, 2 } }, nil, "x"))
+                ngx.print(r.n, " ", cjson.encode({ r[1], r[2], r[3], r[4], r[5], r[6], r[7] }))
+            }
+        }
+        location /batch {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local res = assert(tp.c:push_tasks({ { "echo", 1 }, { "tag" }, { "error" } }))
+                local out = {}
+                for i, r in ipairs(res) do
+                    out[i] = tostring(r[1]) .. ":" .. tostring(r[2]) .. ":" .. tostring(r[3])
+                end
+                ngx.print(table.concat(out, " "))
+            }
+        }
+        location /post {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                assert(tp.c:post_task("error"))
+                assert(tp.c:post_task("tag"))
+                ngx.print("posted")
+            }
+        }
+        location /call {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local pool = tp[ngx.var.arg_pool or "c"]
+                local arg = ngx.var.arg_big and string.rep("z", tonumber(ngx.var.arg_big))
+                local res, err = pool:push_task(ngx.var.arg_cmd, arg)
+                ngx.print(tostring(res), "|", tostring(err))
+            }
+        }
+        location /stats {
+            content_by_lua_block {
+                local s = require("resty.threadpool")[ngx.var.arg_pool or "c"]:stats()
+                ngx.print(s.pushed, " ", s.completed, " ", s.errors)
+            }
+        }
+    }
+"##;
+
+fn http(lib: &Path, extra: &str) -> String {
+    format!(
+        "thread_pool_process_by_rust c {} \"conf one\";\n{extra}\n{LOCATIONS}",
+        lib.display()
+    )
+}
+
+#[test]
+fn a_c_library_serves_push_task_push_tasks_and_post_task() {
+    let libs = Libs::new();
+    let lib = libs.build("echo", &[]);
+    let ngx = Nginx::start(
+        "thread_pool c threads=2;",
+        &http(&lib, "thread_pool_zero_copy c 1k;"),
+    );
+    assert_eq!(
+        ngx.get("/echo").text(),
+        r#"7 ["echo",42,1.5,true,{"a":[1,2]},null,"x"]"#,
+        "{}",
+        ngx.error_log()
+    );
+    assert_eq!(
+        ngx.get("/batch").text(),
+        "true:echo:1 true:v1:nil false:handler error:nil"
+    );
+    assert_eq!(ngx.get("/call?cmd=config").text(), "conf one|nil");
+    // a string of the zero-copy size arrives as a span
+    assert_eq!(ngx.get("/call?cmd=spans&big=2000").text(), "1 2000|nil");
+    assert_eq!(ngx.get("/call?cmd=spans&big=20").text(), "0 0|nil");
+    assert_eq!(ngx.get("/post").text(), "posted");
+    assert!(eventually(Duration::from_secs(5), || ngx
+        .error_log()
+        .contains("posted task failed: handler error")));
+    // pushed: 1 + 3 + 3 + 2; errors: the batch's and the post's
+    assert!(eventually(Duration::from_secs(5), || ngx
+        .get("/stats")
+        .text()
+        == "9 7 2"));
+    let log = ngx.error_log();
+    for thread in 0..2 {
+        let line = format!("[native] init thread {thread} of pool c, thread pool: c");
+        assert!(log.contains(&line), "{line} missing:\n{log}");
+    }
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn nginx_t_names_the_library_and_what_is_wrong() {
+    let libs = Libs::new();
+    let good = libs.build("good", &[]);
+    let cases = [
+        (
+            libs.dir.join("absent.so"),
+            format!(
+                "\"thread_pool_process_by_rust\" directive cannot load \"{}\": No such file or directory",
+                libs.dir.join("absent.so").display()
+            ),
+        ),
+        (
+            libs.build("no_free", &["-DNO_FREE"]),
+            format!(
+                "cannot load \"{}\": it has no symbol \"ngx_threadpool_free\"",
+                libs.dir.join("no_free.so").display()
+            ),
+        ),
+        (
+            libs.build("abi2", &["-DABI=2"]),
+            format!(
+                "cannot load \"{}\": it is built for handler ABI version 2, this module runs version 1",
+                libs.dir.join("abi2.so").display()
+            ),
+        ),
+    ];
+    // not a shared object: dlopen's own text, naming the file
+    let text = libs.dir.join("text.so");
+    std::fs::write(&text, "not a library").unwrap();
+    for (lib, want) in cases {
+        let out = nginx_test("thread_pool c threads=1;", &http(&lib, ""), &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains(&want), "want {want:?} in:\n{err}");
+        assert!(err.contains("nginx.conf:"), "{err}");
+    }
+    let out = nginx_test("thread_pool c threads=1;", &http(&text, ""), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot load \"{}\": {}",
+            text.display(),
+            text.display()
+        )),
+        "{err}"
+    );
+    // a pool runs one kind: each order names both directives
+    for (extra, want) in [
+        (
+            "thread_pool_process_by_lua c \"return function() end\";",
+            "\"thread_pool_process_by_lua\" directive cannot be used with \"thread_pool_process_by_rust\" for pool \"c\"",
+        ),
+        (
+            "thread_pool_init_by_lua c \"x = 1\";",
+            "\"thread_pool_init_by_lua\" directive cannot be used with \"thread_pool_process_by_rust\" for pool \"c\"",
+        ),
+    ] {
+        let out = nginx_test("thread_pool c threads=1;", &http(&good, extra), &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "want {want:?} in:\n{err}");
+    }
+    let lua_first = format!(
+        "thread_pool_init_by_lua c \"x = 1\";\nthread_pool_process_by_rust c {};",
+        good.display()
+    );
+    let out = nginx_test("thread_pool c threads=1;", &lua_first, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"thread_pool_process_by_rust\" directive cannot be used with \"thread_pool_init_by_lua\" for pool \"c\""),
+        "{err}"
+    );
+    // the pool is the module's, as a Lua one is
+    let aio = format!(
+        "thread_pool_process_by_rust c {};\nserver {{ listen 127.0.0.1:$PORT; location /f {{ aio threads=c; }} }}",
+        good.display()
+    );
+    let out = nginx_test("thread_pool c threads=1;", &aio, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("thread pool \"c\" has a thread_pool_process_by_rust handler and cannot also serve \"aio threads\""),
+        "{err}"
+    );
+    // a relative path is the prefix's: nginx -t's prefix is a sibling of
+    // the libraries' directory under the temp dir
+    let relative = format!(
+        "thread_pool_process_by_rust c ../{}/good.so;",
+        libs.dir.file_name().unwrap().to_string_lossy()
+    );
+    let out = nginx_test("thread_pool c threads=1;", &relative, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn init_failure_makes_the_pool_unusable() {
+    let libs = Libs::new();
+    let lib = libs.build("init_fail", &["-DINIT_FAIL"]);
+    let ngx = Nginx::start("thread_pool c threads=1;", &http(&lib, ""));
+    assert_eq!(
+        ngx.get("/call?cmd=tag").text(),
+        "nil|thread pool \"c\" is not usable: init refused by the fixture"
+    );
+    assert!(ngx
+        .error_log()
+        .contains("thread pool \"c\" thread #0: init refused by the fixture"));
+}
+
+#[test]
+fn error_garbage_and_oversized_results_reach_the_caller_as_errors() {
+    let libs = Libs::new();
+    let lib = libs.build("results", &[]);
+    let ngx = Nginx::start("thread_pool c threads=1;", &http(&lib, ""));
+    assert_eq!(ngx.get("/call?cmd=error").text(), "nil|handler error");
+    let garbage = ngx.get("/call?cmd=garbage").text();
+    assert!(garbage.starts_with("nil|bad payload: "), "{garbage}");
+    assert_eq!(
+        ngx.get("/call?cmd=big").text(),
+        "nil|return values exceed 16777216 bytes"
+    );
+    // the worker is still there and serves
+    assert_eq!(ngx.get("/call?cmd=tag").text(), "v1|nil");
+    ngx.assert_clean_log();
+}
+
+/// The master's descriptors open on `path`.
+fn open_on(pid: u32, path: &Path) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l == path)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Sends HUP and waits for a new generation of workers.
+fn reload(ngx: &Nginx) {
+    let before = ngx.workers();
+    ngx.signal("HUP");
+    assert!(eventually(Duration::from_secs(10), || {
+        let now = ngx.workers();
+        !now.is_empty() && now.iter().all(|w| !before.contains(w))
+    }));
+}
+
+/// A reload without a new file first: the master frees the old cycle at
+/// once, closing that cycle's descriptor of the library, whose number the
+/// next open gets again. Then a new file renamed over the path and a
+/// reload: the workers run the new library.
+#[test]
+fn reload_loads_a_library_renamed_over_the_old_one() {
+    let libs = Libs::new();
+    let path = libs.dir.join("handler.so");
+    std::fs::rename(libs.build("v1", &[]), &path).unwrap();
+    let ngx = Nginx::start("thread_pool c threads=1;", &http(&path, ""));
+    assert_eq!(ngx.get("/call?cmd=tag").text(), "v1|nil");
+    for _ in 0..3 {
+        reload(&ngx);
+        assert_eq!(ngx.get("/call?cmd=tag").text(), "v1|nil");
+    }
+    // the old cycles' library is closed
+    assert_eq!(open_on(ngx.master_pid(), &path), 1);
+    std::fs::rename(libs.build("v2", &["-DTAG=\"v2\""]), &path).unwrap();
+    reload(&ngx);
+    assert!(
+        eventually(Duration::from_secs(5), || ngx.get("/call?cmd=tag").text()
+            == "v2|nil"),
+        "{}",
+        ngx.get("/call?cmd=tag").text()
+    );
+    ngx.assert_clean_log();
+}
+
+/// The handler spins until `cancelled()`; the caller's timeout is 50 ms.
+/// Both sides read CLOCK_MONOTONIC: the caller when its push_task
+/// returned (the timeout set the flag before that), the handler its last
+/// poll that said "not cancelled" and its first that said "cancelled".
+/// Every poll after the caller's return must see the flag (a module that
+/// sets it late, or never, fails here: the fixture then spins its 5 s),
+/// and in one of three tries the first such poll comes within 1 ms of it
+/// (a try may lose the CPU to the other sessions of a loaded machine
+/// between two polls).
+#[test]
+fn a_spinning_handler_sees_its_callers_timeout_within_1ms() {
+    let libs = Libs::new();
+    let lib = libs.build("spin", &[]);
+    let extra = r#"
+    server {
+        listen 127.0.0.1:$PORT;
+        location /spin {
+            content_by_lua_block {
+                local ffi = require "ffi"
+                ffi.cdef[[
+                    typedef struct { long sec; long nsec; } tp_test_ts;
+                    int tp_test_clock_gettime(int, tp_test_ts *) asm("clock_gettime");
+                ]]
+                local ts = ffi.new("tp_test_ts")
+                local function now()
+                    ffi.C.tp_test_clock_gettime(1, ts)
+                    return tonumber(ts.sec) * 1e9 + tonumber(ts.nsec)
+                end
+                local tp = require "resty.threadpool"
+                local t0 = now()
+                local res, err = tp.c:push_task_timeout(0.05, "spin")
+                local t1 = now()
+                ngx.print(tostring(err), " ", string.format("%.0f %.0f", t0, t1))
+            }
+        }
+    }"#;
+    let http = format!("thread_pool_process_by_rust c {};\n{extra}", lib.display());
+    let ngx = Nginx::start("thread_pool c threads=1;", &http);
+    let mut best = i64::MAX;
+    for _ in 0..3 {
+        let body = ngx.get("/spin").text();
+        let parts: Vec<&str> = body.split(' ').collect();
+        assert_eq!(parts[0], "timeout", "{body}");
+        let (t0, t1): (i64, i64) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
+        let mut seen = None;
+        assert!(eventually(Duration::from_secs(10), || {
+            seen = ngx
+                .error_log()
+                .lines()
+                .filter_map(|l| l.split("cancel seen at ").nth(1))
+                .filter_map(|rest| {
+                    let mut words = rest.split([' ', ',']);
+                    let first_yes = words.next()?.parse::<i64>().ok()?;
+                    let last_no = words.nth(1)?.parse::<i64>().ok()?;
+                    Some((first_yes, last_no))
+                })
+                .find(|&(first_yes, _)| first_yes > t0);
+            seen.is_some()
+        }));
+        let (first_yes, last_no) = seen.unwrap();
+        assert!(
+            first_yes >= t0 + 50_000_000,
+            "seen {} ms after the push",
+            (first_yes - t0) / 1_000_000
+        );
+        assert!(
+            last_no < t1,
+            "a poll {} µs after the caller's timeout returned said not cancelled",
+            (last_no - t1) / 1000
+        );
+        best = best.min(first_yes - t1);
+    }
+    assert!(
+        best < 1_000_000,
+        "seen {} µs after the timeout at best",
+        best / 1000
+    );
+    ngx.assert_clean_log();
+}
+
+#[test]
+fn a_worker_quits_while_a_native_task_runs() {
+    let libs = Libs::new();
+    let lib = libs.build("sleep", &[]);
+    let http = format!(
+        "thread_pool_process_by_rust c {} {};\n{LOCATIONS}",
+        lib.display(),
+        libs.dir.display()
+    );
+    let mut ngx = Nginx::start("thread_pool c threads=1;", &http);
+    let port = ngx.port;
+    let caller =
+        std::thread::spawn(move || request(port, "GET", "/call?cmd=sleep", &[], b"").text());
+    std::thread::sleep(Duration::from_millis(100));
+    ngx.signal("QUIT");
+    assert!(ngx.wait_exit(Duration::from_secs(10)), "nginx did not quit");
+    assert_eq!(caller.join().unwrap(), "slept|nil");
+    // the thread's state was freed at exit
+    assert!(libs.dir.join("freed.0").exists());
+    let log = ngx.error_log();
+    assert!(log.contains("thread pool \"c\": stopped"), "{log}");
+    ngx.assert_clean_log();
+}
+
+/// A native pool's abort paths once in nginx run by valgrind's memcheck
+/// (`make valgrind`, beside the Lua scenarios of tests/lifetime.rs): a
+/// client that closes while its task runs, a timeout whose request ends
+/// before the result, a batch's timeout, a spinning task cancelled by its
+/// timeout, error, garbage and oversized results; then quit, freeing every
+/// thread's state. Fails on any memory error or definite leak that
+/// tests/valgrind.supp does not name.
+#[test]
+#[ignore = "needs valgrind; run with `make valgrind`"]
+fn native_abort_scenarios_under_valgrind() {
+    const COUNT: usize = 10;
+    let libs = Libs::new();
+    let lib = libs.build("valgrind", &[]);
+    let supp = repo().join("tests/valgrind.supp");
+    let http = format!(
+        r#"thread_pool_process_by_rust c {};
+    server {{
+        listen 127.0.0.1:$PORT;
+        lua_check_client_abort on;
+        location /abort {{
+            content_by_lua_block {{
+                ngx.print("pushed")
+                ngx.flush(true)
+                require("resty.threadpool").c:push_task("sleep")
+            }}
+        }}
+        location /timeout {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                local _, err = tp.c:push_task_timeout(0.005, "sleep")
+                local _, berr = tp.c:push_tasks_timeout(0.005, {{ {{ "sleep" }}, {{ "sleep" }} }})
+                local _, serr = tp.c:push_task_timeout(0.05, "spin")
+                ngx.print(err, " ", berr, " ", serr)
+            }}
+        }}
+        location /results {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                local _, e1 = tp.c:push_task("error")
+                local _, e2 = tp.c:push_task("garbage")
+                local _, e3 = tp.c:push_task("big")
+                ngx.print(e1, "|", e2 and e2:sub(1, 11), "|", e3)
+            }}
+        }}
+        location /idle {{
+            content_by_lua_block {{
+                local s = require("resty.threadpool").c:stats()
+                ngx.print(s.busy + s.queued)
+            }}
+        }}
+    }}"#,
+        lib.display()
+    );
+    let mut n = Nginx::start_single(
+        |dir| {
+            vec![
+                "valgrind".into(),
+                "--tool=memcheck".into(),
+                "--leak-check=full".into(),
+                "--errors-for-leak-kinds=definite".into(),
+                "--error-exitcode=99".into(),
+                "--num-callers=40".into(),
+                format!("--suppressions={}", supp.display()),
+                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
+            ]
+        },
+        Duration::from_secs(120),
+        "thread_pool c threads=2;",
+        &http,
+    );
+    for _ in 0..COUNT {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", n.port)).unwrap();
+        use std::io::{Read, Write};
+        write!(s, "GET /abort HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf);
+    }
+    for _ in 0..COUNT {
+        assert_eq!(n.get("/timeout").text(), "timeout timeout timeout");
+    }
+    assert_eq!(
+        n.get("/results").text(),
+        "handler error|bad payload|return values exceed 16777216 bytes"
+    );
+    // Quit only when idle: a single process exits at once on QUIT.
+    assert!(eventually(Duration::from_secs(120), || n
+        .get("/idle")
+        .text()
+        == "0"));
+    std::thread::sleep(Duration::from_millis(500));
+    n.signal("QUIT");
+    assert!(
+        n.wait_exit(Duration::from_secs(120)),
+        "nginx did not exit under valgrind"
+    );
+    let report = std::fs::read_to_string(n.dir.join("logs/valgrind.log")).unwrap();
+    let summary = report
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR SUMMARY"))
+        .unwrap_or_default();
+    eprintln!("valgrind: {summary}");
+    assert!(
+        n.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
+        "valgrind found errors (exit {:?}):\n{report}",
+        n.status
+    );
+    n.assert_clean_log();
+}
