@@ -2,6 +2,12 @@
 //! rules (read from the same waf_rules.lua), the same subjects, the same
 //! verdict.
 //!
+//! src/handler.rs makes it a pool handler (`thread_pool_process_by_rust`)
+//! with the handler crate (handler/). It is built once that crate is in
+//! the workspace: this Cargo.toml then takes
+//! `ngx_threadpool_handler = { path = "../../handler" }` and `log = "0.4"`,
+//! and this file `mod handler;`.
+//!
 //! ```no_run
 //! use waf_rust::{Value, Waf};
 //!
