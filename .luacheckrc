@@ -14,6 +14,7 @@ files["src/vm/ngx_require.lua"] = { globals = { "os.exit" } }
 
 -- wrk's hook.
 files["bench/wrk_json.lua"] = { std = "luajit", globals = { "done" } }
+files["bench/wrk_waf.lua"] = { std = "luajit", globals = { "request" }, read_globals = { "wrk" } }
 
 -- Generated data (gen_waf_rules.py): one pattern per line.
 files["nginx-conf/waf_rules.lua"] = { max_line_length = false }
