@@ -72,7 +72,12 @@ impl<'a> Translator<'a> {
     /// was just read, or None if that `{` is a literal.
     fn counted_len(&self) -> Option<usize> {
         let rest = &self.src[self.pos - 1..];
-        let digits = |from: usize| rest[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+        let digits = |from: usize| {
+            rest[from..]
+                .iter()
+                .take_while(|c| c.is_ascii_digit())
+                .count()
+        };
         let n = digits(1);
         if n == 0 {
             return None;
@@ -136,7 +141,10 @@ impl<'a> Translator<'a> {
             }
         }
         let end = rest.len().min(4);
-        Err(Unsupported(format!("({}", String::from_utf8_lossy(&rest[..end]))))
+        Err(Unsupported(format!(
+            "({}",
+            String::from_utf8_lossy(&rest[..end])
+        )))
     }
 
     /// A character class (the cursor after the `[`).
@@ -168,9 +176,12 @@ impl<'a> Translator<'a> {
                     match end {
                         b'\\' => {
                             let b = self.class_escape()?;
-                            literal(&mut self.out, b.ok_or_else(|| {
-                                Unsupported("a class escape ending a range".into())
-                            })?);
+                            literal(
+                                &mut self.out,
+                                b.ok_or_else(|| {
+                                    Unsupported("a class escape ending a range".into())
+                                })?,
+                            );
                         }
                         _ => literal(&mut self.out, end),
                     }

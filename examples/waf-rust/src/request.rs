@@ -226,7 +226,11 @@ mod tests {
                     (Str(b""), Str(b"")),
                     (
                         Str(b"list"),
-                        Table(vec![(Int(1), Str(b"x")), (Int(2), Int(5)), (Int(4), Str(b"gap"))]),
+                        Table(vec![
+                            (Int(1), Str(b"x")),
+                            (Int(2), Int(5)),
+                            (Int(4), Str(b"gap")),
+                        ]),
                     ),
                 ]),
             ),

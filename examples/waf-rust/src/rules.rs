@@ -222,7 +222,10 @@ impl<'a> Reader<'a> {
             Some(b'[') if self.long_level().is_some() => Ok(Value::Str(self.long_bracket()?)),
             Some(c) if c.is_ascii_digit() => {
                 let digits = self.name();
-                match std::str::from_utf8(&digits).ok().and_then(|d| d.parse().ok()) {
+                match std::str::from_utf8(&digits)
+                    .ok()
+                    .and_then(|d| d.parse().ok())
+                {
                     Some(n) => Ok(Value::Int(n)),
                     None => self.error("not a decimal integer"),
                 }
@@ -292,9 +295,8 @@ fn rule(n: usize, value: &Value) -> Result<Rule, RulesError> {
         Some(Value::Table(list)) if !list.is_empty() => list
             .iter()
             .map(|(k, v)| match (k, v) {
-                (None, Value::Str(s)) => Target::from_name(s).ok_or_else(|| {
-                    bad(&format!("unknown target {}", String::from_utf8_lossy(s)))
-                }),
+                (None, Value::Str(s)) => Target::from_name(s)
+                    .ok_or_else(|| bad(&format!("unknown target {}", String::from_utf8_lossy(s)))),
                 _ => Err(bad("targets is not a list of names")),
             })
             .collect::<Result<_, _>>()?,
@@ -310,7 +312,11 @@ fn rule(n: usize, value: &Value) -> Result<Rule, RulesError> {
 
 /// The rules of a rule file's text, in file order.
 pub fn parse(src: &[u8]) -> Result<Vec<Rule>, RulesError> {
-    let mut r = Reader { src, pos: 0, line: 1 };
+    let mut r = Reader {
+        src,
+        pos: 0,
+        line: 1,
+    };
     r.skip()?;
     if r.name() != b"return" {
         return r.error("expected `return {`");
@@ -368,7 +374,10 @@ m]] };
             err(b"return {{ id = 1, pattern = 'a', targets = { 'cookie' }, msg = '' }}"),
             "rule #1: unknown target cookie"
         );
-        assert_eq!(err(b"return {\n\n{ id = 1 "), "line 3: expected , or } in a table");
+        assert_eq!(
+            err(b"return {\n\n{ id = 1 "),
+            "line 3: expected , or } in a table"
+        );
         assert_eq!(err(b"x = 1"), "line 1: expected `return {`");
     }
 }

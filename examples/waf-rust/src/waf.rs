@@ -67,10 +67,8 @@ impl Waf {
     pub fn new(rules: Vec<Rule>) -> Result<Waf, WafError> {
         let mut patterns = Vec::with_capacity(rules.len());
         for rule in &rules {
-            let p = pcre::translate(&rule.pattern).map_err(|why| WafError::Unsupported {
-                id: rule.id,
-                why,
-            })?;
+            let p = pcre::translate(&rule.pattern)
+                .map_err(|why| WafError::Unsupported { id: rule.id, why })?;
             regex::bytes::Regex::new(&p).map_err(|why| WafError::Compile {
                 id: Some(rule.id),
                 why,
@@ -126,7 +124,10 @@ mod tests {
     /// The repository's rule file: every rule has an equivalent here.
     #[test]
     fn compiles_every_rule_of_the_rule_file() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../nginx-conf/waf_rules.lua");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../nginx-conf/waf_rules.lua"
+        );
         let t0 = std::time::Instant::now();
         let waf = Waf::from_file(path).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("{} rules in {:?}", waf.rules().len(), t0.elapsed());
