@@ -3,15 +3,11 @@
 
 use std::fmt;
 
-use regex::bytes::{RegexSet, RegexSetBuilder};
+use regex::bytes::RegexSet;
 
 use crate::pcre::{self, Unsupported};
 use crate::request::{for_each_subject, NotATable, Value};
 use crate::rules::{self, Rule, RulesError, Target};
-
-/// Room for the compiled sets: the 1,505 rules need about 60 MiB for all
-/// five targets; the default limit (10 MiB) would refuse them.
-const SIZE_LIMIT: usize = 512 << 20;
 
 /// Why a WAF could not be built from a rule file.
 #[derive(Debug)]
@@ -81,10 +77,7 @@ impl Waf {
                 let rule_of: Vec<usize> = (0..rules.len())
                     .filter(|&i| rules[i].targets.contains(&target))
                     .collect();
-                let set = RegexSetBuilder::new(rule_of.iter().map(|&i| &patterns[i]))
-                    .size_limit(SIZE_LIMIT)
-                    .dfa_size_limit(SIZE_LIMIT)
-                    .build()
+                let set = RegexSet::new(rule_of.iter().map(|&i| &patterns[i]))
                     .map_err(|why| WafError::Compile { id: None, why })?;
                 Ok(TargetSet { set, rule_of })
             })
