@@ -128,4 +128,28 @@ mod tests {
         let req = Value::Table(vec![(Value::Str(b"uri"), Value::Str(b"/.git/config"))]);
         assert_eq!(waf.scan(&req), Ok(Some(vec![70001])));
     }
+
+    /// Inputs that make a backtracking engine work for minutes (PCRE took
+    /// over 120 s of CPU on 60 KB of "<a " in waf.lua, and gave up on some
+    /// rules of "../" by its JIT stack limit): linear time here.
+    #[test]
+    fn scans_backtracking_inputs_in_linear_time() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../nginx-conf/waf_rules.lua"
+        );
+        let waf = Waf::from_file(path).unwrap_or_else(|e| panic!("{e}"));
+        for unit in ["<a ", "../", "select a from b where ", "${j${", "{{"] {
+            let body = unit.repeat(60_000 / unit.len());
+            let req = Value::Table(vec![(Value::Str(b"body"), Value::Str(body.as_bytes()))]);
+            let t0 = std::time::Instant::now();
+            waf.scan(&req).unwrap();
+            let took = t0.elapsed();
+            // Generous for a shared machine: a scan takes milliseconds.
+            assert!(
+                took < std::time::Duration::from_secs(2),
+                "{unit:?}: {took:?}"
+            );
+        }
+    }
 }
