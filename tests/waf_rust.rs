@@ -80,23 +80,36 @@ fn view(o: &Owned) -> Value<'_> {
     }
 }
 
-/// The Lua WAF's verdict on `case` and the request table it scanned.
-fn lua_verdict(nginx: &Nginx, case: &Case) -> (Option<Vec<u32>>, Owned) {
-    let res = send(nginx, "/waf-verdict/", case);
-    let text = res.text();
-    assert_eq!(res.status, 200, "{} {}: {text}", case.method, case.target);
-    let (verdict, table) = text.split_once('\n').expect("two lines");
-    let blocked = match verdict {
+fn parse_verdict(line: &str) -> Option<Vec<u32>> {
+    match line {
         "passed" => None,
         v => Some(
             v.strip_prefix("blocked ")
-                .expect("a verdict")
+                .unwrap_or_else(|| panic!("not a verdict: {v}"))
                 .split(' ')
                 .map(|id| id.parse().expect("rule id"))
                 .collect(),
         ),
-    };
-    (blocked, read(&mut table.split_ascii_whitespace()))
+    }
+}
+
+/// What nginx answers for `case`: the Lua WAF's verdict, the request table
+/// it scanned, and the verdict of the location's pool if it has one.
+struct Answer {
+    lua: Option<Vec<u32>>,
+    req: Owned,
+    pool: Option<Option<Vec<u32>>>,
+}
+
+fn ask(nginx: &Nginx, prefix: &str, case: &Case) -> Answer {
+    let res = send(nginx, prefix, case);
+    let text = res.text();
+    assert_eq!(res.status, 200, "{} {}: {text}", case.method, case.target);
+    let mut lines = text.lines();
+    let lua = parse_verdict(lines.next().expect("a verdict"));
+    let req = read(&mut lines.next().expect("a table").split_ascii_whitespace());
+    let pool = lines.next().map(parse_verdict);
+    Answer { lua, req, pool }
 }
 
 /// The rules whose PCRE match failed at run time (waf.lua logs "waf rule
@@ -112,15 +125,16 @@ fn pcre_failures(log: &str) -> BTreeSet<u32> {
         .collect()
 }
 
-/// Equal verdicts on every request. Where PCRE gave up on a rule (its JIT
-/// stack or match limit: backtracking the regex crate does not do), the
-/// Lua WAF blocks by that rule and the Rust WAF gives the rule's true
-/// answer; there the Lua verdict must be the Rust one plus exactly those
-/// rules. The corpus proper (benign and malicious) has no such failure.
-#[test]
-fn rust_verdicts_equal_the_lua_wafs() {
+/// Sends the corpus and the adversarial inputs to `prefix` and checks,
+/// for each, the Lua WAF's verdict against the Rust WAF's on the same
+/// request table, and the location's pool's verdict (if `pool`) against
+/// the Rust WAF's. Where PCRE gave up on a rule (its JIT stack or match
+/// limit: backtracking the regex crate does not do), the Lua WAF blocks by
+/// that rule and the Rust WAF gives the rule's true answer; there the Lua
+/// verdict must be the Rust one plus exactly those rules. The corpus proper
+/// (benign and malicious) has no such failure.
+fn check(nginx: &Nginx, prefix: &str, pool: bool) {
     let waf = Waf::from_file(&rules_path()).unwrap_or_else(|e| panic!("{e}"));
-    let nginx = Nginx::start("", &http());
     let proper = corpus().len();
     let cases: Vec<Case> = corpus().into_iter().chain(adversarial()).collect();
     let mut differ = Vec::new();
@@ -129,9 +143,10 @@ fn rust_verdicts_equal_the_lua_wafs() {
     let mut blocked = 0;
     for (i, case) in cases.iter().enumerate() {
         let logged = nginx.error_log().len();
-        let (lua, req) = lua_verdict(&nginx, case);
+        let answer = ask(nginx, prefix, case);
         let failed = pcre_failures(&nginx.error_log()[logged..]);
-        let rust = waf.scan(&view(&req)).expect("a table");
+        let lua = answer.lua;
+        let rust = waf.scan(&view(&answer.req)).expect("a table");
         let mut expected: BTreeSet<u32> = rust.iter().flatten().copied().collect();
         expected.extend(&failed);
         let what = format!(
@@ -147,6 +162,9 @@ fn rust_verdicts_equal_the_lua_wafs() {
             differ.push(format!(
                 "{what}: Lua {lua:?}, Rust {rust:?}, PCRE failed on {failed:?}"
             ));
+        }
+        if pool && answer.pool.as_ref() != Some(&rust) {
+            differ.push(format!("{what}: Rust {rust:?}, its pool {:?}", answer.pool));
         }
         if !failed.is_empty() {
             gave_up.push(format!("{what}: {} rules", failed.len()));
@@ -173,4 +191,11 @@ fn rust_verdicts_equal_the_lua_wafs() {
         }
     );
     nginx.assert_clean_log();
+}
+
+/// The Rust WAF called directly, on the tables nginx built.
+#[test]
+fn rust_verdicts_equal_the_lua_wafs() {
+    let nginx = Nginx::start("", &http());
+    check(&nginx, "/waf-verdict/", false);
 }
