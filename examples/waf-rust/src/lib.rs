@@ -3,10 +3,7 @@
 //! verdict.
 //!
 //! src/handler.rs makes it a pool handler (`thread_pool_process_by_rust`)
-//! with the handler crate (handler/). It is built once that crate is in
-//! the workspace: this Cargo.toml then takes
-//! `ngx_threadpool_handler = { path = "../../handler" }` and `log = "0.4"`,
-//! and this file `mod handler;`.
+//! with the handler crate (handler/).
 //!
 //! ```no_run
 //! use waf_rust::{Value, Waf};
@@ -16,6 +13,7 @@
 //! assert_eq!(waf.scan(&req).unwrap(), Some(vec![70001]));
 //! ```
 
+mod handler;
 mod pcre;
 mod request;
 mod rules;
