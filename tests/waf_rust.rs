@@ -3,6 +3,8 @@
 //! request of the corpus, adversarial inputs included, nginx answers the Lua
 //! WAF's verdict and the request table it scanned; the Rust WAF, built from
 //! the same waf_rules.lua, scans that table and must give the same verdict.
+//! The same again through a Rust pool running the WAF as a handler
+//! (thread_pool_process_by_rust), the library cargo built beside this test.
 
 mod common;
 mod waf_corpus;
@@ -13,20 +15,42 @@ use common::Nginx;
 use waf_corpus::{adversarial, corpus, send, Case};
 use waf_rust::{Value, Waf};
 
+/// The pool of the Rust WAF (`thread_pool_shadow`'s counterpart in demo.conf).
+const MAIN: &str = "thread_pool waf_rust threads=2;";
+
+/// /waf-verdict/ answers the Lua WAF's verdict and table; /waf-verdict-pool/
+/// adds the waf_rust pool's verdict.
 fn http() -> String {
+    let lib = std::env::current_exe()
+        .expect("test binary path")
+        .with_file_name("libwaf_rust.so");
+    assert!(lib.exists(), "{} missing", lib.display());
+    let location = |path: &str, set: &str| {
+        format!(
+            r#"
+        location {path} {{
+            client_body_buffer_size 64k;
+            client_max_body_size 64k;
+            {set}
+            content_by_lua_block {{ require("waf_verdict")() }}
+        }}"#
+        )
+    };
     format!(
         r#"
     lua_package_path "{repo}/lua/?.lua;{repo}/nginx-conf/?.lua;{repo}/tests/fixtures/?.lua;;";
     lua_regex_cache_max_entries 4096;
+    thread_pool_process_by_rust waf_rust {lib} {rules};
     server {{
         listen 127.0.0.1:$PORT;
-        location /waf-verdict/ {{
-            client_body_buffer_size 64k;
-            client_max_body_size 64k;
-            content_by_lua_block {{ require("waf_verdict")() }}
-        }}
+        {plain}
+        {pool}
     }}"#,
         repo = common::repo().display(),
+        lib = lib.display(),
+        rules = rules_path(),
+        plain = location("/waf-verdict/", ""),
+        pool = location("/waf-verdict-pool/", "set $waf_pool waf_rust;"),
     )
 }
 
@@ -196,6 +220,16 @@ fn check(nginx: &Nginx, prefix: &str, pool: bool) {
 /// The Rust WAF called directly, on the tables nginx built.
 #[test]
 fn rust_verdicts_equal_the_lua_wafs() {
-    let nginx = Nginx::start("", &http());
+    let nginx = Nginx::start(MAIN, &http());
     check(&nginx, "/waf-verdict/", false);
+}
+
+/// The Rust WAF in a pool: the request table crosses as the Lua WAF's
+/// argument would, and the pool's verdict is the one called directly.
+#[test]
+fn pool_verdicts_equal_the_lua_wafs() {
+    let nginx = Nginx::start(MAIN, &http());
+    check(&nginx, "/waf-verdict-pool/", true);
+    let log = nginx.error_log();
+    assert!(log.contains("1505 rules from"), "{log}");
 }
