@@ -86,6 +86,7 @@ bench-deps:
 # bench/REPORT.md and bench/*.png. ~14 minutes; QUICK=1 for a ~1 minute smoke
 # run. System python3, for Debian's matplotlib.
 bench: build bench-deps
+	cargo build --release -p waf-rust
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
 
 # The hand-off cells of BASE (a git revision, checked out and built in a
