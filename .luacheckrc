@@ -12,8 +12,12 @@ files["src/vm"] = { std = "luajit" }
 -- Replaces os.exit, which would end the whole worker from a thread.
 files["src/vm/ngx_require.lua"] = { globals = { "os.exit" } }
 
+-- What make bench writes (bench/out: results, wrk_waf.lua's request lists).
+exclude_files = { "bench/out/*" }
+
 -- wrk's hook.
 files["bench/wrk_json.lua"] = { std = "luajit", globals = { "done" } }
+files["bench/wrk_waf.lua"] = { std = "luajit", globals = { "request" }, read_globals = { "wrk" } }
 
 -- Generated data (gen_waf_rules.py): one pattern per line.
 files["nginx-conf/waf_rules.lua"] = { max_line_length = false }

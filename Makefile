@@ -50,6 +50,7 @@ lint: deps
 
 # nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.
 run: build images
+	cargo build --release -p waf-rust
 	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs $(RUN_DIR)/html
 	@cp nginx-conf/thumbs.html $(RUN_DIR)/html/
 	@sed -e 's#@MODULE@#$(CURDIR)/$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
@@ -63,6 +64,7 @@ run: build images
 	@echo "  curl 'http://127.0.0.1:8080/sort-inline?n=200000'  the same sort on the event loop"
 	@echo "  curl \"http://127.0.0.1:8080/waf/?q=1'%20OR%20'1'='1\"  403 from the WAF in a pool thread"
 	@echo "  curl \"http://127.0.0.1:8080/waf-inline/?q=hello\"    the WAF on the event loop"
+	@echo "  curl \"http://127.0.0.1:8080/waf-rust/?q=<script>\"   the same rules in Rust (and /metrics: the shadow's counts)"
 	@echo "  http://127.0.0.1:8080/thumbs.html            thumbnails by ImageMagick in a pool thread and inline"
 	@echo "  curl http://127.0.0.1:8080/metrics           the pools' and the accept gate's metrics"
 	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
@@ -85,6 +87,7 @@ bench-deps:
 # bench/REPORT.md and bench/*.png. ~14 minutes; QUICK=1 for a ~1 minute smoke
 # run. System python3, for Debian's matplotlib.
 bench: build bench-deps
+	cargo build --release -p waf-rust
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
 
 # The hand-off cells of BASE (a git revision, checked out and built in a

@@ -29,7 +29,12 @@ PAYLOAD_LABEL = {"16": "16 B", "1024": "1 KiB", "65536": "64 KiB",
 HANDOFF_C = (1, 8, 64)
 THROUGHPUT_C = (1, 8, 32, 128)
 PLOTS = ("handoff_latency.png", "handoff_throughput.png", "handoff_cost.png",
-         "hol_latency.png", "sort_throughput.png")
+         "hol_latency.png", "sort_throughput.png", "waf_cpu.png")
+# The WAF cell's variants (run.WAF_VARIANTS).
+WAF_VARIANTS = ("none", "inline", "tp", "rust")
+WAF_LABEL = {"none": "no scan (request table only)", "inline": "Lua + PCRE, inline",
+             "tp": "Lua + PCRE, push_task", "rust": "Rust regex, push_task"}
+WAF_COLORS = {"none": "tab:gray", "inline": "tab:blue", "tp": "tab:orange", "rust": "tab:red"}
 
 
 # ---- numbers -------------------------------------------------------------
@@ -591,6 +596,61 @@ def md_memory(res, targets):
     return "\n".join(out)
 
 
+def waf_stats(runs):
+    """A WAF variant's medians over rounds: requests/s and CPU µs per
+    request of the event loop, of the pool threads and of both."""
+    if not runs:
+        return None
+    loop = median(r["loop_us"] for r in runs)
+    threads = median(r["threads_us"] for r in runs)
+    return dict(rps=median(r["rps"] for r in runs), loop_us=loop, threads_us=threads,
+                worker_us=median(r["loop_us"] + r["threads_us"] for r in runs),
+                non2xx=sum(r["status"] for r in runs), rounds=len(runs))
+
+
+def md_waf(res, targets):
+    w = res.get("waf")
+    if not w:
+        return "Not run.\n"
+    plan = res["plan"]
+    st = {v: waf_stats(w["runs"].get(v)) for v in WAF_VARIANTS}
+    base = st["none"]
+    out = [f"wrk ({w['connections']} connections, {plan['waf_secs']} s per cell, "
+           f"{plan['waf_rounds']} round(s), variants alternating) sends {w['requests']} "
+           "requests in turn, benign and malicious (run.py's WAF_REQUESTS), to "
+           "`/wafcpu/VARIANT/...`: the request table of nginx-conf/waf_http.lua, scanned by "
+           "the 1,505 rules of nginx-conf/waf_rules.lua in Lua with PCRE (waf.lua, "
+           "inline or in a Lua pool) or in Rust with the regex crate (examples/waf-rust, "
+           "in a Rust pool). CPU per request: the worker's main thread (event loop) and "
+           "its other threads (pools), from schedstat, over the requests wrk counted; "
+           "medians of the rounds. WAF CPU = worker CPU minus the no-scan variant's.\n"]
+    rows = []
+    for v in WAF_VARIANTS:
+        s = st[v]
+        if v in w.get("skipped", {}):
+            rows.append([WAF_LABEL[v], "skipped", "–", "–", "–", "–", "–"])
+            continue
+        if not s:
+            continue
+        rows.append([WAF_LABEL[v], f_num(s["rps"]), f_num(s["loop_us"]), f_num(s["threads_us"]),
+                     f_num(s["worker_us"]),
+                     f_num(base and s["worker_us"] - base["worker_us"]), s["non2xx"]])
+    out.append(table(["variant", "req/s", "event loop µs/req", "pool threads µs/req",
+                      "worker µs/req", "WAF CPU µs/req", "non-2xx"], rows))
+    for v, why in w.get("skipped", {}).items():
+        out.append(f"- {WAF_LABEL[v]}: skipped, {why}.\n")
+    if w.get("errors"):
+        out.append("Failures: " + "; ".join(f"`{k}` ×{n}" for k, n in w["errors"].items()) + "\n")
+    lua, rust = st["tp"], st["rust"]
+    if lua and rust and base:
+        r = ratio(rust["worker_us"] - base["worker_us"], lua["worker_us"] - base["worker_us"])
+        targets.append(("WAF CPU per request, Rust regex ÷ Lua + PCRE (both in a pool)",
+                        f"{f_num(rust['worker_us'] - base['worker_us'])} vs "
+                        f"{f_num(lua['worker_us'] - base['worker_us'])} µs ({f_ratio(r)})",
+                        r is not None and r <= 1))
+    return "\n".join(out)
+
+
 def md_problems(res):
     """Everything that went wrong: failed sections, crashed workers and
     the error.log lines, grouped."""
@@ -598,13 +658,13 @@ def md_problems(res):
     for s, f in res.get("failures", {}).items():
         out.append(f"- Section **{s}** failed: `{f['error']}`")
         out += [f"  - `{line[:300]}`" for line in f["log"][-10:]]
-    for s in ("handoff", "hol", "throughput"):
+    for s in ("handoff", "hol", "throughput", "waf"):
         sec = res.get(s)
         if sec and not sec.get("alive", True):
             out.append(f"- Section **{s}**: the worker process died during the run "
                        "(see the log lines below)")
     logs = {}
-    for s in ("handoff", "hol", "throughput"):
+    for s in ("handoff", "hol", "throughput", "waf"):
         if res.get(s):
             logs[s] = res[s].get("log", [])
     for name, lines in res.get("memory", {}).get("log", {}).items():
@@ -727,6 +787,30 @@ def plots(res, out_dir):
         fig.savefig(out_dir / "sort_throughput.png", dpi=80)
         plt.close(fig)
 
+    w = res.get("waf")
+    if w:
+        st = {v: waf_stats(w["runs"].get(v)) for v in WAF_VARIANTS}
+        shown = [v for v in WAF_VARIANTS if st[v]]
+        if shown:
+            fig, ax = plt.subplots(figsize=(8, 4.2))
+            xs = range(len(shown))
+            loop = [st[v]["loop_us"] for v in shown]
+            ax.bar(xs, loop, color=[WAF_COLORS[v] for v in shown], label="event loop")
+            ax.bar(xs, [st[v]["threads_us"] for v in shown], bottom=loop,
+                   color=[WAF_COLORS[v] for v in shown], alpha=0.45, hatch="//",
+                   label="pool threads")
+            ax.set_xticks(xs, [WAF_LABEL[v] for v in shown], fontsize=8)
+            ax.set_ylabel("CPU µs per request")
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.legend(fontsize=8)
+            skipped = ", ".join(WAF_LABEL[v] for v in w.get("skipped", {}))
+            ax.set_title("WAF CPU per request" + (f" ({skipped}: skipped)" if skipped else ""),
+                         fontsize=9)
+            fig.suptitle("WAF: 1,505 rules, Lua + PCRE vs Rust regex" + note)
+            fig.tight_layout()
+            fig.savefig(out_dir / "waf_cpu.png", dpi=80)
+            plt.close(fig)
+
 
 # ---- the report --------------------------------------------------------------
 
@@ -739,6 +823,7 @@ def render(res, out_dir):
         "policy": md_policy(res, targets),
         "throughput": md_throughput(res, targets),
         "memory": md_memory(res, targets),
+        "waf": md_waf(res, targets),
     }
     for p in PLOTS:
         (out_dir / p).unlink(missing_ok=True)
@@ -760,6 +845,7 @@ def render(res, out_dir):
         "## Pool-thread scheduling\n", body["policy"],
         "## CPU throughput (sort)\n", body["throughput"],
         "## Memory\n", body["memory"],
+        "## WAF: Lua + PCRE against Rust's regex\n", body["waf"],
         "## Errors, crashes and log lines\n", md_problems(res),
         "## Plots\n",
         "\n".join(f"![{p}]({p})" for p in images) + "\n",

