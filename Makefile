@@ -29,7 +29,7 @@ build: deps
 
 test: build
 	cargo test --release -- --test-threads=2
-	cargo test --release -p ngx_threadpool_handler
+	cargo test --release -p ngx_threadpool_handler -p waf-rust
 	@$(MAKE) --no-print-directory soak-test soak-short
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
