@@ -289,14 +289,23 @@ enum Number {
 }
 
 /// The text of a payload holding one error value (a string), for a log
-/// line; what it is when it is not a string.
+/// line; what it is when it is not a string. A string is bin, as the
+/// encoder writes it, or str, as a native handler may (the handler
+/// crate does).
 pub fn error_text(payload: &[u8]) -> String {
     let mut rd = payload;
     let text = (|| {
         rmp::decode::read_int::<u64, _>(&mut rd).ok()?;
         rmp::decode::read_map_len(&mut rd).ok()?;
         rmp::decode::read_int::<u64, _>(&mut rd).ok()?;
-        let len = rmp::decode::read_bin_len(&mut rd).ok()? as usize;
+        let mut bin = rd;
+        let len = match rmp::decode::read_bin_len(&mut bin) {
+            Ok(len) => {
+                rd = bin;
+                len
+            }
+            Err(_) => rmp::decode::read_str_len(&mut rd).ok()?,
+        } as usize;
         rd.get(..len)
             .map(|b| String::from_utf8_lossy(b).into_owned())
     })();

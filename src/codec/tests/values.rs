@@ -16,6 +16,17 @@ fn encode_string_decodes_as_one_string() -> R {
 }
 
 #[test]
+fn error_text_reads_a_str_as_a_bin() {
+    // uint(1) map(1) { 1: str "oops" }, as the handler crate writes it
+    assert_eq!(error_text(b"\x01\x81\x01\xa4oops"), "oops");
+    assert_eq!(error_text(b"\x01\x81\x01\xd9\x04oops"), "oops");
+    assert_eq!(
+        error_text(b"\x01\x81\x01\x2a"),
+        "error object that is not a string"
+    );
+}
+
+#[test]
 fn roundtrip_scalars() -> R {
     let lua = new_lua()?;
     let s = |b: &[u8]| lua.create_string(b).map(Value::String);
