@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::handlers::*;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -320,78 +321,17 @@ fn reload_loads_a_library_renamed_over_the_old_one() {
     ngx.assert_clean_log();
 }
 
-/// The handler spins until `cancelled()`; the caller's timeout is 50 ms.
-/// Both sides read CLOCK_MONOTONIC: the caller when its push_task
-/// returned (the timeout set the flag before that), the handler its last
-/// poll that said "not cancelled" and its first that said "cancelled".
-/// Every poll after the caller's return must see the flag (a module that
-/// sets it late, or never, fails here: the fixture then spins its 5 s),
-/// and in one of three tries the first such poll comes within 1 ms of it
-/// (a try may lose the CPU to the other sessions of a loaded machine
-/// between two polls).
+/// The fixture spins until `cancelled()` (see `best_cancel_lateness`).
 #[test]
 fn a_spinning_handler_sees_its_callers_timeout_within_1ms() {
     let libs = Libs::new();
     let lib = libs.build("spin", &[]);
-    let extra = r#"
-    server {
-        listen 127.0.0.1:$PORT;
-        location /spin {
-            content_by_lua_block {
-                local ffi = require "ffi"
-                ffi.cdef[[
-                    typedef struct { long sec; long nsec; } tp_test_ts;
-                    int tp_test_clock_gettime(int, tp_test_ts *) asm("clock_gettime");
-                ]]
-                local ts = ffi.new("tp_test_ts")
-                local function now()
-                    ffi.C.tp_test_clock_gettime(1, ts)
-                    return tonumber(ts.sec) * 1e9 + tonumber(ts.nsec)
-                end
-                local tp = require "resty.threadpool"
-                local t0 = now()
-                local res, err = tp.c:push_task_timeout(0.05, "spin")
-                local t1 = now()
-                ngx.print(tostring(err), " ", string.format("%.0f %.0f", t0, t1))
-            }
-        }
-    }"#;
-    let http = format!("thread_pool_process_by_rust c {};\n{extra}", lib.display());
+    let http = format!(
+        "thread_pool_process_by_rust c {};\n{SPIN_SERVER}",
+        lib.display()
+    );
     let ngx = Nginx::start("thread_pool c threads=1;", &http);
-    let mut best = i64::MAX;
-    for _ in 0..3 {
-        let body = ngx.get("/spin").text();
-        let parts: Vec<&str> = body.split(' ').collect();
-        assert_eq!(parts[0], "timeout", "{body}");
-        let (t0, t1): (i64, i64) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
-        let mut seen = None;
-        assert!(eventually(Duration::from_secs(10), || {
-            seen = ngx
-                .error_log()
-                .lines()
-                .filter_map(|l| l.split("cancel seen at ").nth(1))
-                .filter_map(|rest| {
-                    let mut words = rest.split([' ', ',']);
-                    let first_yes = words.next()?.parse::<i64>().ok()?;
-                    let last_no = words.nth(1)?.parse::<i64>().ok()?;
-                    Some((first_yes, last_no))
-                })
-                .find(|&(first_yes, _)| first_yes > t0);
-            seen.is_some()
-        }));
-        let (first_yes, last_no) = seen.unwrap();
-        assert!(
-            first_yes >= t0 + 50_000_000,
-            "seen {} ms after the push",
-            (first_yes - t0) / 1_000_000
-        );
-        assert!(
-            last_no < t1,
-            "a poll {} µs after the caller's timeout returned said not cancelled",
-            (last_no - t1) / 1000
-        );
-        best = best.min(first_yes - t1);
-    }
+    let best = best_cancel_lateness(&ngx, "c");
     assert!(
         best < 1_000_000,
         "seen {} µs after the timeout at best",
@@ -424,112 +364,19 @@ fn a_worker_quits_while_a_native_task_runs() {
     ngx.assert_clean_log();
 }
 
-/// A native pool's abort paths once in nginx run by valgrind's memcheck
-/// (`make valgrind`, beside the Lua scenarios of tests/lifetime.rs): a
-/// client that closes while its task runs, a timeout whose request ends
-/// before the result, a batch's timeout, a spinning task cancelled by its
-/// timeout, error, garbage and oversized results; then quit, freeing every
-/// thread's state. Fails on any memory error or definite leak that
-/// tests/valgrind.supp does not name.
+/// `abort_scenarios_under_valgrind` with the C fixture, whose results
+/// include a payload that is not one.
 #[test]
 #[ignore = "needs valgrind; run with `make valgrind`"]
 fn native_abort_scenarios_under_valgrind() {
-    const COUNT: usize = 10;
     let libs = Libs::new();
     let lib = libs.build("valgrind", &[]);
-    let supp = repo().join("tests/valgrind.supp");
-    let http = format!(
-        r#"thread_pool_process_by_rust c {};
-    server {{
-        listen 127.0.0.1:$PORT;
-        lua_check_client_abort on;
-        location /abort {{
-            content_by_lua_block {{
-                ngx.print("pushed")
-                ngx.flush(true)
-                require("resty.threadpool").c:push_task("sleep")
-            }}
-        }}
-        location /timeout {{
-            content_by_lua_block {{
-                local tp = require "resty.threadpool"
-                local _, err = tp.c:push_task_timeout(0.005, "sleep")
-                local _, berr = tp.c:push_tasks_timeout(0.005, {{ {{ "sleep" }}, {{ "sleep" }} }})
-                local _, serr = tp.c:push_task_timeout(0.05, "spin")
-                ngx.print(err, " ", berr, " ", serr)
-            }}
-        }}
-        location /results {{
-            content_by_lua_block {{
-                local tp = require "resty.threadpool"
-                local _, e1 = tp.c:push_task("error")
-                local _, e2 = tp.c:push_task("garbage")
-                local _, e3 = tp.c:push_task("big")
-                ngx.print(e1, "|", e2 and e2:sub(1, 11), "|", e3)
-            }}
-        }}
-        location /idle {{
-            content_by_lua_block {{
-                local s = require("resty.threadpool").c:stats()
-                ngx.print(s.busy + s.queued)
-            }}
-        }}
-    }}"#,
-        lib.display()
+    abort_scenarios_under_valgrind(
+        &lib,
+        &[
+            ("error", "handler error"),
+            ("garbage", "bad payload"),
+            ("big", "return values exceed 16777216 bytes"),
+        ],
     );
-    let mut n = Nginx::start_single(
-        |dir| {
-            vec![
-                "valgrind".into(),
-                "--tool=memcheck".into(),
-                "--leak-check=full".into(),
-                "--errors-for-leak-kinds=definite".into(),
-                "--error-exitcode=99".into(),
-                "--num-callers=40".into(),
-                format!("--suppressions={}", supp.display()),
-                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
-            ]
-        },
-        Duration::from_secs(120),
-        "thread_pool c threads=2;",
-        &http,
-    );
-    for _ in 0..COUNT {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", n.port)).unwrap();
-        use std::io::{Read, Write};
-        write!(s, "GET /abort HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-        let mut buf = [0u8; 1024];
-        let _ = s.read(&mut buf);
-    }
-    for _ in 0..COUNT {
-        assert_eq!(n.get("/timeout").text(), "timeout timeout timeout");
-    }
-    assert_eq!(
-        n.get("/results").text(),
-        "handler error|bad payload|return values exceed 16777216 bytes"
-    );
-    // Quit only when idle: a single process exits at once on QUIT.
-    assert!(eventually(Duration::from_secs(120), || n
-        .get("/idle")
-        .text()
-        == "0"));
-    std::thread::sleep(Duration::from_millis(500));
-    n.signal("QUIT");
-    assert!(
-        n.wait_exit(Duration::from_secs(120)),
-        "nginx did not exit under valgrind"
-    );
-    let report = std::fs::read_to_string(n.dir.join("logs/valgrind.log")).unwrap();
-    let summary = report
-        .lines()
-        .rev()
-        .find(|l| l.contains("ERROR SUMMARY"))
-        .unwrap_or_default();
-    eprintln!("valgrind: {summary}");
-    assert!(
-        n.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
-        "valgrind found errors (exit {:?}):\n{report}",
-        n.status
-    );
-    n.assert_clean_log();
 }

@@ -2,6 +2,8 @@
 //! temporary prefix on loopback, and speaks HTTP/1.1 to it.
 #![allow(dead_code)] // each test binary uses its own part of this file
 
+pub mod handlers;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

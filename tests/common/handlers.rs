@@ -1,0 +1,236 @@
+//! What the tests of native handlers share: the Rust fixture library
+//! (tests/fixtures/rust_handler), the measure of how soon a spinning
+//! handler sees its caller's timeout, and the abort scenarios under
+//! valgrind. The C fixture (tests/fixtures/native_handler.c) and the Rust
+//! one answer the ops used here alike: "spin", "sleep", "error", "big".
+
+use super::{eventually, repo, Nginx};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The Rust fixture's two libraries, built by cargo with this test
+/// binary's profile.
+pub struct RustFixture {
+    /// Tagged "v1".
+    pub v1: PathBuf,
+    /// The same handler tagged "v2".
+    pub v2: PathBuf,
+}
+
+/// Builds the Rust fixture once per test binary (cargo does nothing when
+/// it is fresh): a nested cargo on this workspace's target directory,
+/// whose dependencies the test build left there.
+pub fn rust_fixture() -> &'static RustFixture {
+    static BUILT: OnceLock<RustFixture> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        // target/<profile>/deps/<test>-<hash>
+        let profile_dir = exe.parent().unwrap().parent().unwrap();
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .args([
+                "build",
+                "-p",
+                "ngx_threadpool_fixture",
+                "--lib",
+                "--examples",
+            ])
+            .current_dir(repo());
+        if profile_dir.ends_with("release") {
+            cargo.arg("--release");
+        }
+        let out = cargo.output().expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "building the Rust fixture: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        RustFixture {
+            v1: profile_dir.join("libngx_threadpool_fixture.so"),
+            v2: profile_dir.join("examples/libfixture_v2.so"),
+        }
+    })
+}
+
+/// A server whose /spin pushes "spin" to pool `?pool=` with a 50 ms
+/// timeout; it prints the error and CLOCK_MONOTONIC in ns before the push
+/// and after it returned.
+pub const SPIN_SERVER: &str = r#"
+    server {
+        listen 127.0.0.1:$PORT;
+        location /spin {
+            content_by_lua_block {
+                local ffi = require "ffi"
+                ffi.cdef[[
+                    typedef struct { long sec; long nsec; } tp_test_ts;
+                    int tp_test_clock_gettime(int, tp_test_ts *) asm("clock_gettime");
+                ]]
+                local ts = ffi.new("tp_test_ts")
+                local function now()
+                    ffi.C.tp_test_clock_gettime(1, ts)
+                    return tonumber(ts.sec) * 1e9 + tonumber(ts.nsec)
+                end
+                local tp = require "resty.threadpool"
+                local t0 = now()
+                local res, err = tp[ngx.var.arg_pool]:push_task_timeout(0.05, "spin")
+                local t1 = now()
+                ngx.print(tostring(err), " ", string.format("%.0f %.0f", t0, t1))
+            }
+        }
+    }"#;
+
+/// The handler of `pool` spins until `cancelled()`; its caller's timeout
+/// is 50 ms. Both sides read CLOCK_MONOTONIC: the caller when its
+/// push_task returned (the timeout set the flag before that), the handler
+/// its last poll that said "not cancelled" and its first that said
+/// "cancelled" (its "cancel seen at NS after NS" line). Every poll after
+/// the caller's return must see the flag (a module that sets it late, or
+/// never, fails here: the fixture then spins its 5 s). Returns how long
+/// after the caller's return the first such poll came, at best of three
+/// tries (a try may lose the CPU to other processes of a loaded machine
+/// between two polls).
+pub fn best_cancel_lateness(ngx: &Nginx, pool: &str) -> i64 {
+    let mut best = i64::MAX;
+    for _ in 0..3 {
+        let body = ngx.get(&format!("/spin?pool={pool}")).text();
+        let parts: Vec<&str> = body.split(' ').collect();
+        assert_eq!(parts[0], "timeout", "{body}");
+        let (t0, t1): (i64, i64) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
+        let mut seen = None;
+        assert!(eventually(Duration::from_secs(10), || {
+            seen = ngx
+                .error_log()
+                .lines()
+                .filter_map(|l| l.split("cancel seen at ").nth(1))
+                .filter_map(|rest| {
+                    let mut words = rest.split([' ', ',']);
+                    let first_yes = words.next()?.parse::<i64>().ok()?;
+                    let last_no = words.nth(1)?.parse::<i64>().ok()?;
+                    Some((first_yes, last_no))
+                })
+                .find(|&(first_yes, _)| first_yes > t0);
+            seen.is_some()
+        }));
+        let (first_yes, last_no) = seen.unwrap();
+        assert!(
+            first_yes >= t0 + 50_000_000,
+            "seen {} ms after the push",
+            (first_yes - t0) / 1_000_000
+        );
+        assert!(
+            last_no < t1,
+            "a poll {} µs after the caller's timeout returned said not cancelled",
+            (last_no - t1) / 1000
+        );
+        best = best.min(first_yes - t1);
+    }
+    best
+}
+
+/// A native pool's abort paths once in nginx run by valgrind's memcheck
+/// (`make valgrind`, beside the Lua scenarios of tests/lifetime.rs): a
+/// client that closes while its task runs, a timeout whose request ends
+/// before the result, a batch's timeout, a spinning task cancelled by its
+/// timeout, then each of `results` — an op and the start of the error it
+/// gives (its first `want.len()` bytes); then quit, freeing every
+/// thread's state. Fails on any memory error or definite leak that
+/// tests/valgrind.supp does not name; returns the error log.
+pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &str)]) -> String {
+    const COUNT: usize = 10;
+    let supp = repo().join("tests/valgrind.supp");
+    let http = format!(
+        r#"thread_pool_process_by_rust c {};
+    server {{
+        listen 127.0.0.1:$PORT;
+        lua_check_client_abort on;
+        location /abort {{
+            content_by_lua_block {{
+                ngx.print("pushed")
+                ngx.flush(true)
+                require("resty.threadpool").c:push_task("sleep")
+            }}
+        }}
+        location /timeout {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                local _, err = tp.c:push_task_timeout(0.005, "sleep")
+                local _, berr = tp.c:push_tasks_timeout(0.005, {{ {{ "sleep" }}, {{ "sleep" }} }})
+                local _, serr = tp.c:push_task_timeout(0.05, "spin")
+                ngx.print(err, " ", berr, " ", serr)
+            }}
+        }}
+        location /result {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                local _, err = tp.c:push_task(ngx.var.arg_op)
+                ngx.print(err:sub(1, tonumber(ngx.var.arg_len)))
+            }}
+        }}
+        location /idle {{
+            content_by_lua_block {{
+                local s = require("resty.threadpool").c:stats()
+                ngx.print(s.busy + s.queued)
+            }}
+        }}
+    }}"#,
+        lib.display()
+    );
+    let mut n = Nginx::start_single(
+        |dir| {
+            vec![
+                "valgrind".into(),
+                "--tool=memcheck".into(),
+                "--leak-check=full".into(),
+                "--errors-for-leak-kinds=definite".into(),
+                "--error-exitcode=99".into(),
+                "--num-callers=40".into(),
+                format!("--suppressions={}", supp.display()),
+                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
+            ]
+        },
+        Duration::from_secs(120),
+        "thread_pool c threads=2;",
+        &http,
+    );
+    for _ in 0..COUNT {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", n.port)).unwrap();
+        use std::io::{Read, Write};
+        write!(s, "GET /abort HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf);
+    }
+    for _ in 0..COUNT {
+        assert_eq!(n.get("/timeout").text(), "timeout timeout timeout");
+    }
+    for (op, want) in results {
+        let path = format!("/result?op={op}&len={}", want.len());
+        assert_eq!(n.get(&path).text(), *want, "{op}");
+    }
+    // Quit only when idle: a single process exits at once on QUIT.
+    assert!(eventually(Duration::from_secs(120), || n
+        .get("/idle")
+        .text()
+        == "0"));
+    std::thread::sleep(Duration::from_millis(500));
+    n.signal("QUIT");
+    assert!(
+        n.wait_exit(Duration::from_secs(120)),
+        "nginx did not exit under valgrind"
+    );
+    let report = std::fs::read_to_string(n.dir.join("logs/valgrind.log")).unwrap();
+    let summary = report
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR SUMMARY"))
+        .unwrap_or_default();
+    eprintln!("valgrind: {summary}");
+    assert!(
+        n.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
+        "valgrind found errors (exit {:?}):\n{report}",
+        n.status
+    );
+    n.assert_clean_log();
+    n.error_log()
+}
