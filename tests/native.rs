@@ -371,7 +371,7 @@ fn a_worker_quits_while_a_native_task_runs() {
 fn native_abort_scenarios_under_valgrind() {
     let libs = Libs::new();
     let lib = libs.build("valgrind", &[]);
-    abort_scenarios_under_valgrind(
+    let log = abort_scenarios_under_valgrind(
         &lib,
         &[
             ("error", "handler error"),
@@ -379,4 +379,5 @@ fn native_abort_scenarios_under_valgrind() {
             ("big", "return values exceed 16777216 bytes"),
         ],
     );
+    assert_clean(&log);
 }

@@ -378,8 +378,9 @@ fn a_reload_loads_a_rust_library_renamed_in() {
 }
 
 /// `abort_scenarios_under_valgrind` with the Rust fixture, whose results
-/// include an `Err`, a panic and an oversized result; each thread's state
-/// is freed at quit.
+/// include an `Err`, a panic (whose place Rust's panic hook writes to
+/// stderr, the error log) and an oversized result; each thread's state is
+/// freed at quit.
 #[test]
 #[ignore = "needs valgrind; run with `make valgrind`"]
 fn rust_abort_scenarios_under_valgrind() {
@@ -395,4 +396,7 @@ fn rust_abort_scenarios_under_valgrind() {
         let line = format!("[native] freeing thread {thread}, thread pool: c");
         assert!(log.contains(&line), "{line}:\n{log}");
     }
+    let hook = "panicked at tests/fixtures/rust_handler/src/handler.rs";
+    assert_eq!(log.matches(hook).count(), 1, "{log}");
+    assert_clean(&log.replace(hook, ""));
 }

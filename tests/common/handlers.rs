@@ -136,7 +136,8 @@ pub fn best_cancel_lateness(ngx: &Nginx, pool: &str) -> i64 {
 /// timeout, then each of `results` — an op and the start of the error it
 /// gives (its first `want.len()` bytes); then quit, freeing every
 /// thread's state. Fails on any memory error or definite leak that
-/// tests/valgrind.supp does not name; returns the error log.
+/// tests/valgrind.supp does not name; returns the error log, for the
+/// caller to check.
 pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &str)]) -> String {
     const COUNT: usize = 10;
     let supp = repo().join("tests/valgrind.supp");
@@ -231,6 +232,5 @@ pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &
         "valgrind found errors (exit {:?}):\n{report}",
         n.status
     );
-    n.assert_clean_log();
     n.error_log()
 }

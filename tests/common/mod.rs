@@ -276,18 +276,7 @@ impl Nginx {
 
     /// Fails the test if the error log shows a crash or a leak alert.
     pub fn assert_clean_log(&self) {
-        let log = self.error_log();
-        for bad in [
-            "signal 11",
-            "signal 6",
-            "signal 7",
-            "exited on signal",
-            "[alert]",
-            "[emerg]",
-            "panic",
-        ] {
-            assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
-        }
+        assert_clean(&self.error_log());
     }
 }
 
@@ -311,6 +300,22 @@ impl Drop for Nginx {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Fails the test if `log` (an error log) shows a crash, a panic or an
+/// alert.
+pub fn assert_clean(log: &str) {
+    for bad in [
+        "signal 11",
+        "signal 6",
+        "signal 7",
+        "exited on signal",
+        "[alert]",
+        "[emerg]",
+        "panic",
+    ] {
+        assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
     }
 }
 
