@@ -234,6 +234,7 @@ fn a_full_queue_fails_fast_and_timeouts_return_in_time() {
     // one task runs, one waits in the queue's one slot, the next is refused
     let full = r#"
         local a = ngx.thread.spawn(function() return tp.q:push_task("sleep", 300) end)
+        ngx.sleep(0.05) -- the thread takes a: the queue's slot is free
         local b = ngx.thread.spawn(function() return tp.q:push_task("sleep", 300) end)
         ngx.update_time()
         local t0 = ngx.now()
