@@ -425,24 +425,7 @@ fn batch_timeout_then_request_ends_before_results() {
 fn abort_scenarios_under_valgrind() {
     const MS: u32 = 200;
     const COUNT: usize = 20;
-    let supp = repo().join("tests/valgrind.supp");
-    let mut n = Nginx::start_single(
-        |dir| {
-            vec![
-                "valgrind".into(),
-                "--tool=memcheck".into(),
-                "--leak-check=full".into(),
-                "--errors-for-leak-kinds=definite".into(),
-                "--error-exitcode=99".into(),
-                "--num-callers=40".into(),
-                format!("--suppressions={}", supp.display()),
-                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
-            ]
-        },
-        Duration::from_secs(120),
-        MAIN,
-        &format!("{POOL}{LOCATIONS}"),
-    );
+    let mut n = Nginx::start_under_valgrind(MAIN, &format!("{POOL}{LOCATIONS}"));
     abort_requests(&n, "/abort_on", MS, COUNT);
     abort_requests(&n, "/abort_off", MS, COUNT);
     early_end_requests(&n, "/exit_thread", "exiting\n", MS, COUNT);
@@ -459,24 +442,7 @@ fn abort_scenarios_under_valgrind() {
     assert!(idle, "tasks or requests did not finish:\n{}", n.error_log());
     assert_eq!(began(&n), tasks);
     // The last responses are written right after their DELIVERED line.
-    std::thread::sleep(Duration::from_millis(500));
-    n.signal("QUIT");
-    assert!(
-        n.wait_exit(Duration::from_secs(120)),
-        "nginx did not exit under valgrind"
-    );
-    let report = std::fs::read_to_string(n.dir.join("logs/valgrind.log")).unwrap();
-    let summary = report
-        .lines()
-        .rev()
-        .find(|l| l.contains("ERROR SUMMARY"))
-        .unwrap_or_default();
-    eprintln!("valgrind: {summary}");
-    assert!(
-        n.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
-        "valgrind found errors (exit {:?}):\n{report}",
-        n.status
-    );
+    n.quit_under_valgrind();
     n.assert_clean_log();
 }
 

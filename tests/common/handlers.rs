@@ -140,7 +140,6 @@ pub fn best_cancel_lateness(ngx: &Nginx, pool: &str) -> i64 {
 /// caller to check.
 pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &str)]) -> String {
     const COUNT: usize = 10;
-    let supp = repo().join("tests/valgrind.supp");
     let http = format!(
         r#"thread_pool_process_by_rust c {};
     server {{
@@ -178,23 +177,7 @@ pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &
     }}"#,
         lib.display()
     );
-    let mut n = Nginx::start_single(
-        |dir| {
-            vec![
-                "valgrind".into(),
-                "--tool=memcheck".into(),
-                "--leak-check=full".into(),
-                "--errors-for-leak-kinds=definite".into(),
-                "--error-exitcode=99".into(),
-                "--num-callers=40".into(),
-                format!("--suppressions={}", supp.display()),
-                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
-            ]
-        },
-        Duration::from_secs(120),
-        "thread_pool c threads=2;",
-        &http,
-    );
+    let mut n = Nginx::start_under_valgrind("thread_pool c threads=2;", &http);
     for _ in 0..COUNT {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", n.port)).unwrap();
         use std::io::{Read, Write};
@@ -214,23 +197,6 @@ pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &
         .get("/idle")
         .text()
         == "0"));
-    std::thread::sleep(Duration::from_millis(500));
-    n.signal("QUIT");
-    assert!(
-        n.wait_exit(Duration::from_secs(120)),
-        "nginx did not exit under valgrind"
-    );
-    let report = std::fs::read_to_string(n.dir.join("logs/valgrind.log")).unwrap();
-    let summary = report
-        .lines()
-        .rev()
-        .find(|l| l.contains("ERROR SUMMARY"))
-        .unwrap_or_default();
-    eprintln!("valgrind: {summary}");
-    assert!(
-        n.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
-        "valgrind found errors (exit {:?}):\n{report}",
-        n.status
-    );
+    n.quit_under_valgrind();
     n.error_log()
 }

@@ -153,6 +153,49 @@ impl Nginx {
         Nginx::spawn(dir, port, wrapper, &[], ready, false)
     }
 
+    /// A single process (start_single) under valgrind's memcheck (`make
+    /// valgrind`), where a definite leak is an error unless
+    /// tests/valgrind.supp names it (nginx's own).
+    pub fn start_under_valgrind(main: &str, http: &str) -> Nginx {
+        let supp = repo().join("tests/valgrind.supp");
+        let wrapper = |dir: &Path| {
+            vec![
+                "valgrind".into(),
+                "--tool=memcheck".into(),
+                "--leak-check=full".into(),
+                "--errors-for-leak-kinds=definite".into(),
+                "--error-exitcode=99".into(),
+                "--num-callers=40".into(),
+                format!("--suppressions={}", supp.display()),
+                format!("--log-file={}", dir.join("logs/valgrind.log").display()),
+            ]
+        };
+        Nginx::start_single(wrapper, Duration::from_secs(120), main, http)
+    }
+
+    /// Quits nginx started under valgrind, once its last responses are
+    /// written, and asserts that valgrind found no error.
+    pub fn quit_under_valgrind(&mut self) {
+        std::thread::sleep(Duration::from_millis(500));
+        self.signal("QUIT");
+        assert!(
+            self.wait_exit(Duration::from_secs(120)),
+            "nginx did not exit under valgrind"
+        );
+        let report = std::fs::read_to_string(self.dir.join("logs/valgrind.log")).unwrap();
+        let summary = report
+            .lines()
+            .rev()
+            .find(|l| l.contains("ERROR SUMMARY"))
+            .unwrap_or_default();
+        eprintln!("valgrind: {summary}");
+        assert!(
+            self.status.is_some_and(|s| s.success()) && summary.contains("ERROR SUMMARY: 0 errors"),
+            "valgrind found errors (exit {:?}):\n{report}",
+            self.status
+        );
+    }
+
     fn spawn(
         dir: PathBuf,
         port: u16,
