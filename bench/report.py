@@ -377,8 +377,8 @@ def md_rust_pool(h, targets):
            "work minus the Lua one's: below zero where upper-casing in Rust costs "
            "that much less than in Lua (64 KiB).\n"]
     why = h.get("skipped", {}).get(rv)
-    if why:
-        return out[0] + f"\nSkipped: {why}.\n"
+    if why or not any(k.startswith(rv + "|") for k in h["cells"]):
+        return out[0] + f"\nSkipped: {why or 'not in this run'}.\n"
     rows = []
     for p in rust_pool.PAYLOADS:
         for c in HANDOFF_C:
