@@ -84,10 +84,11 @@ bench-deps:
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES=python3-matplotlib
 
 # push_task vs inline Lua vs ngx.run_worker_thread on loopback: writes
-# bench/REPORT.md and bench/*.png. ~14 minutes; QUICK=1 for a ~1 minute smoke
-# run. System python3, for Debian's matplotlib.
+# bench/REPORT.md and bench/*.png. ~15 minutes; QUICK=1 for a ~1 minute smoke
+# run. System python3, for Debian's matplotlib. The Rust pools' handlers: the
+# WAF's and the hand-off section's (bench/rust-upper).
 bench: build bench-deps
-	cargo build --release -p waf-rust
+	cargo build --release -p waf-rust -p bench-upper
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
 
 # The hand-off cells of BASE (a git revision, checked out and built in a
@@ -96,6 +97,7 @@ bench: build bench-deps
 # default 5 rounds; ROUNDS=N, QUICK=1 for 200 ms cells.
 bench-compare: build
 	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<rev> [ROUNDS=5] [QUICK=1]" >&2; exit 2; }
+	cargo build --release -p bench-upper
 	QUICK=$(QUICK) ROUNDS=$(ROUNDS) /usr/bin/python3 bench/compare.py $(BASE)
 
 # The talk's timeout table, scaled (Direct, Thread, Thread + reuseport by

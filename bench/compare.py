@@ -62,21 +62,23 @@ def base_tree(commit):
 
 def common_cells(ngs, cells, plan):
     """The cells (variant, C, payload) whose variant and payload both trees
-    answer (ngs: tree → variant → nginx). Each pair runs once at C = 64
-    first, which also warms up (JIT, run_worker_thread's VMs, modules)."""
+    answer (ngs: tree → variant → nginx; a variant whose nginx did not
+    start in a tree is not there). Each pair runs once at C = 64 first,
+    which also warms up (JIT, run_worker_thread's VMs, modules)."""
     answered = {}
     for v, _, p in cells:
         if (v, p) in answered:
             continue
+        answered[v, p] = all(v in tree for tree in ngs.values())
         try:
-            for tree in ngs.values():
+            for tree in ngs.values() if answered[v, p] else ():
                 handoff_cell(tree[v], v, 64, p, plan["warmup_ms"])
-            answered[v, p] = True
         except urllib.error.HTTPError as e:
             if e.code != 400:  # bench_handoff.lua's answer to what it lacks
                 raise
-            log(f"{LABEL[v]}, {PAYLOAD_LABEL[p]}: not in both trees, left out")
             answered[v, p] = False
+        if not answered[v, p]:
+            log(f"{LABEL[v]}, {PAYLOAD_LABEL[p]}: not in both trees, left out")
     return [(v, c, p) for v, c, p in cells if answered[v, p]]
 
 

@@ -13,18 +13,23 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ beside the sources
+import rust_pool  # noqa: E402
+
 LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task",
          "tpb": "push_tasks ×64", "tpc": "push_task, copying",
-         "tpp": "post_task"}
+         "tpp": "post_task", rust_pool.VARIANT: "push_task, Rust pool"}
 VARIANTS = ("inline", "rwt", "tp")
 HANDOFF_VARIANTS = VARIANTS + ("tpb",)
 COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange",
-          "tpc": "tab:red", "tpb": "tab:green"}
+          "tpc": "tab:red", "tpb": "tab:green", rust_pool.VARIANT: "tab:purple"}
+# The variants of the latency and throughput plots.
+PLOTTED = VARIANTS + (rust_pool.VARIANT,)
 PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 # Payloads of the zero-copy (tpc) and post_task (tpp) rows.
 LARGE_PAYLOADS = ("65536", "1048576")
 SMALL_PAYLOADS = ("16", "1024")
-PAYLOAD_LABEL = {"16": "16 B", "1024": "1 KiB", "65536": "64 KiB",
+PAYLOAD_LABEL = {"16": "16 B", "512": "512 B", "1024": "1 KiB", "65536": "64 KiB",
                  "1048576": "1 MiB", "table": "table (1,000 entries)"}
 HANDOFF_C = (1, 8, 64)
 THROUGHPUT_C = (1, 8, 32, 128)
@@ -334,6 +339,9 @@ def md_handoff(res, targets):
                             "loop µs per task", "threads µs per task",
                             "push_task tasks/s", "push_task loop µs"], rows))
 
+    handoff_targets(h, targets)
+    out.append(md_rust_pool(h, targets))
+
     probe = h.get("probe128", {})
     if probe:
         rows = []
@@ -347,8 +355,67 @@ def md_handoff(res, targets):
                    "with \"no available Lua vm\" when none is free (no queueing); at "
                    "C = 64 every task gets one. push_task queues up to max_queue.\n\n"
                    + table(["variant", "tasks/s", "done", "failed", "errors"], rows))
+    return "\n".join(out)
 
-    handoff_targets(h, targets)
+
+def md_rust_pool(h, targets):
+    """The Rust pool's rows: its hand-off overhead beside the Lua pool's and
+    run_worker_thread's, and its sequential round trip beside theirs and
+    lua-resty-ffi's published figure."""
+    rv = rust_pool.VARIANT
+    out = ["### Rust pool\n\n"
+           f"{LABEL[rv]}: the same push_task call, with the same arguments "
+           "(`\"upper\"`, the string), on a pool of 2 threads whose handler is the "
+           "Rust library of bench/rust-upper (`thread_pool_process_by_rust`), which "
+           "upper-cases the string as `string.upper` does; each variant alternates "
+           "with the others as above. Both pools read a 64 KiB argument in place; "
+           "the Rust handler writes its result into the results payload, which the "
+           "event loop copies into a Lua string, where the Lua pool's 64 KiB result "
+           "is read in place. Worker CPU: event loop + pool threads per task. "
+           "Overheads as above: the inline Lua handler's CPU is subtracted from "
+           "every variant's, so the Rust pool's also holds the Rust handler's own "
+           "work minus the Lua one's: below zero where upper-casing in Rust costs "
+           "that much less than in Lua (64 KiB).\n"]
+    why = h.get("skipped", {}).get(rv)
+    if why or not any(k.startswith(rv + "|") for k in h["cells"]):
+        return out[0] + f"\nSkipped: {why or 'not in this run'}.\n"
+    rows = []
+    for p in rust_pool.PAYLOADS:
+        for c in HANDOFF_C:
+            st = {v: cell_stats(h, v, c, p) for v in ("inline", "rwt", "tp", rv)}
+            shown = ("rwt", "tp", rv)
+            rows.append([PAYLOAD_LABEL[p], c, f_spread(st["tp"], "rate"),
+                         f_spread(st[rv], "rate"), f_num(st["tp"] and st["tp"]["loop_us"]),
+                         f_num(st[rv] and st[rv]["loop_us"])]
+                        + [f_num(st[v] and st[v]["worker_us"]) for v in shown]
+                        + [f_num(overhead(st[v], st["inline"])) for v in shown]
+                        + [f_ratio(ratio(st[rv] and st[rv]["worker_us"],
+                                         st["tp"] and st["tp"]["worker_us"]))])
+    out.append(table(["payload", "C", "Lua pool tasks/s", "Rust pool tasks/s",
+                      "Lua pool loop µs", "Rust pool loop µs", "worker rwt µs",
+                      "worker Lua pool µs", "worker Rust pool µs", "overhead rwt µs",
+                      "overhead Lua pool µs", "overhead Rust pool µs",
+                      "Rust / Lua pool worker CPU"], rows))
+    rows = []
+    for p in rust_pool.SEQUENTIAL_PAYLOADS:
+        st = [cell_stats(h, v, 1, p) for v in rust_pool.SEQUENTIAL_VARIANTS]
+        rows.append([PAYLOAD_LABEL[p]] + [f_num(s and s[q]) for s in st for q in ("p50", "p99")]
+                    + [f_num(rust_pool.FFI_US) if p == rust_pool.FFI_PAYLOAD else "–"])
+    head = ["payload"]
+    for v in rust_pool.SEQUENTIAL_VARIANTS:
+        head += [f"{LABEL[v]} p50 µs", "p99 µs"]
+    out.append("Sequential round trip: one light thread (C = 1) calling in a loop; "
+               "p50 and p99 of the timed calls. lua-resty-ffi's figure is the one it "
+               f"publishes ({rust_pool.FFI_SOURCE}: 100,000 sequential calls of 512 B "
+               "to its Go echo runtime in 1.18 s on one CPU), not measured here, on "
+               "other hardware.\n\n"
+               + table(head + ["lua-resty-ffi, published µs"], rows))
+    a = cell_stats(h, rv, 1, rust_pool.FFI_PAYLOAD)
+    a = a and a["p50"]
+    targets.append((f"{LABEL[rv]} round trip at C = 1, "
+                    f"{PAYLOAD_LABEL[rust_pool.FFI_PAYLOAD]}: p50 ≤ lua-resty-ffi's published "
+                    f"{f_num(rust_pool.FFI_US)} µs", f"{f_num(a)} µs",
+                    a is not None and a <= rust_pool.FFI_US))
     return "\n".join(out)
 
 
@@ -703,8 +770,10 @@ def plots(res, out_dir):
                            ("handoff_throughput.png", "rate")):
             fig, axes = plt.subplots(1, len(PAYLOADS), figsize=(18, 4.2))
             for ax, p in zip(axes, PAYLOADS):
-                for v in VARIANTS:
+                for v in PLOTTED:
                     st = [cell_stats(h, v, c, p) for c in HANDOFF_C]
+                    if not any(st):
+                        continue
                     if what == "latency":
                         for q, style in (("p50", "-"), ("p99", "--")):
                             ax.plot(HANDOFF_C, [s and s[q] for s in st], style,
@@ -725,7 +794,7 @@ def plots(res, out_dir):
     if h:
         fig, axes = plt.subplots(1, len(PAYLOADS), figsize=(18, 4.2))
         for ax, p in zip(axes, PAYLOADS):
-            for v in ("rwt", "tp", "tpc", "tpb"):
+            for v in ("rwt", "tp", "tpc", "tpb", rust_pool.VARIANT):
                 ys = [overhead(cell_stats(h, v, c, p), cell_stats(h, "inline", c, p))
                       for c in HANDOFF_C]
                 if any(y is not None for y in ys):

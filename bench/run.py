@@ -5,7 +5,8 @@ Starts Debian's nginx with bench/nginx.conf.tmpl (one worker, loopback
 only), runs five sections and writes bench/REPORT.md and bench/*.png
 (through report.py); raw results go to bench/out/results.json.
 
-  handoff     round trips of a trivial task, measured inside nginx
+  handoff     round trips of a trivial task, measured inside nginx, with
+              a Lua pool, a Rust pool and run_worker_thread
   hol         head of line: static and light latency under heavy load
   policy      the same under each thread_pool_scheduling setting
   throughput  the sort handler's requests/s by concurrent connections
@@ -14,7 +15,7 @@ only), runs five sections and writes bench/REPORT.md and bench/*.png
               against the Rust WAF on the regex crate (in a pool)
 
 Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
-~1 minute smoke version; the full run takes ~14 minutes.
+~1 minute smoke version; the full run takes ~15 minutes.
 """
 
 import argparse
@@ -32,6 +33,7 @@ from pathlib import Path
 sys.dont_write_bytecode = True  # no __pycache__ beside the sources
 import procs  # noqa: E402
 import report  # noqa: E402
+import rust_pool  # noqa: E402
 from procs import free_port  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
@@ -50,7 +52,8 @@ WRK_WAF_SCRIPT = BENCH / "wrk_waf.lua"
 VARIANTS = ("inline", "rwt", "tp")
 # The hand-off section also runs push_tasks, 16 tasks per call; for large
 # strings push_task on a pool that copies them (tpc); for small ones
-# post_task (tpp).
+# post_task (tpp); for those of rust_pool.PAYLOADS push_task on a Rust pool
+# (tpr).
 HANDOFF_VARIANTS = VARIANTS + ("tpb",)
 LARGE_PAYLOADS = ("65536", "1048576")
 SMALL_PAYLOADS = ("16", "1024")
@@ -176,10 +179,18 @@ def others_cpu_s(pid):
     return (busy - int(fields[11]) - int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-# The WAF cell's pools and their handlers ({repo}: the source tree).
-WAF_HANDLERS = {
+# Pools beside rwt, tp and tpc, and their handlers ({repo}: the source
+# tree): the WAF cell's, and the hand-off section's Rust pool.
+POOL_HANDLERS = {
     "waf_lua": "thread_pool_process_by_lua_file waf_lua {repo}/nginx-conf/waf.lua;",
     "waf_rust": f"thread_pool_process_by_rust waf_rust {WAF_RUST_LIB} {WAF_RULES};",
+    rust_pool.POOL: rust_pool.DIRECTIVE,
+}
+# The pools of POOL_HANDLERS whose handler is a library: the library, and
+# the command that builds it.
+LIBRARIES = {
+    "waf_rust": (WAF_RUST_LIB, "cargo build --release -p waf-rust"),
+    rust_pool.POOL: (rust_pool.LIB, rust_pool.BUILD),
 }
 
 
@@ -187,12 +198,13 @@ class Nginx:
     """One nginx under bench/out/NAME: started on a free loopback port,
     stopped (QUIT, then TERM, then KILL) on exit from the with block. Its
     configuration, bench/lua, lua/ and nginx-conf/ come from the source
-    tree `tree`, the module from `module` (this checkout's by default)."""
+    tree `tree`, the module from `module` (this checkout's by default);
+    `pools` adds pools of POOL_HANDLERS."""
 
     last = None  # the last nginx started: its versions and logs for the report
 
     def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None,
-                 copying_pool=False, waf_pools=(), tree=REPO, module=MODULE):
+                 copying_pool=False, pools=(), tree=REPO, module=MODULE):
         self.name = name
         self.prefix = OUT / name
         self.port = free_port()
@@ -200,7 +212,7 @@ class Nginx:
             (self.prefix / sub).mkdir(parents=True, exist_ok=True)
         for f in (self.prefix / "logs").iterdir():
             f.unlink()
-        pools = []
+        extra, pools = pools, []
         if rwt_threads:
             pools.append(f"thread_pool rwt threads={rwt_threads};")
         handler = ""
@@ -215,9 +227,9 @@ class Nginx:
                 handler += "\nthread_pool_zero_copy tpc off;"
             if scheduling:
                 handler += f"\nthread_pool_scheduling tp {scheduling};"
-        for pool in waf_pools:
+        for pool in extra:
             pools.append(f"thread_pool {pool} threads={tp_threads or 2};")
-            handler += "\n" + WAF_HANDLERS[pool].format(repo=tree)
+            handler += "\n" + POOL_HANDLERS[pool].format(repo=tree)
         conf = (tree / "bench/nginx.conf.tmpl").read_text()
         for key, value in (("MODULE", str(module)), ("REPO", str(tree)),
                            ("PORT", str(self.port)),
@@ -292,6 +304,20 @@ class Nginx:
         return self.proc.poll() is None and self.worker in children(self.proc.pid)
 
 
+def start_native(stack, name, pool, **kw):
+    """An nginx NAME (Nginx arguments in kw) with POOL, a pool whose handler
+    is a library (LIBRARIES), entered in stack, and None; or None and why
+    not: the library is not built, or nginx did not start (a module
+    without thread_pool_process_by_rust: make bench-compare's base)."""
+    lib, build = LIBRARIES[pool]
+    if not lib.exists():
+        return None, f"{lib.relative_to(REPO)} is not built ({build})"
+    try:
+        return stack.enter_context(Nginx(name, pools=(pool,), **kw)), None
+    except RuntimeError as e:
+        return None, f"its nginx did not start: {e}"
+
+
 def wrk_start(url, conns, secs, script=WRK_SCRIPT, env=None):
     threads = 1 if conns < 8 else 2
     cmd = [WRK, "-t", str(threads), "-c", str(conns), "-d", f"{secs}s",
@@ -364,43 +390,63 @@ def handoff_cell(ng, variant, c, payload, ms, max_count=10_000_000):
 def handoff_variants(payload):
     """The variants of a hand-off cell with this payload."""
     return HANDOFF_VARIANTS + (("tpc",) if payload in LARGE_PAYLOADS else ()) \
-        + (("tpp",) if payload in SMALL_PAYLOADS else ())
+        + (("tpp",) if payload in SMALL_PAYLOADS else ()) \
+        + ((rust_pool.VARIANT,) if payload in rust_pool.PAYLOADS else ())
 
 
 def handoff_groups():
     """The hand-off cells (variant, C, payload) of one round in their
     order, by C and payload; the variants of a payload are one group,
-    which rounds rotate."""
+    which rounds rotate. Then the sequential round trip's payloads that
+    are not in PAYLOADS, at C = 1."""
     return [[(v, c, p) for v in handoff_variants(p)]
-            for c in HANDOFF_C for p in PAYLOADS]
+            for c in HANDOFF_C for p in PAYLOADS] \
+        + [[(v, 1, p) for v in rust_pool.SEQUENTIAL_VARIANTS]
+           for p in rust_pool.SEQUENTIAL_PAYLOADS if p not in PAYLOADS]
 
 
 @contextlib.contextmanager
-def handoff_nginx(name, cells, **kw):
+def handoff_nginx(name, cells, skipped=None, **kw):
     """One nginx for each variant of the hand-off cells (variant, C,
     payload), NAME-VARIANT by name (extra Nginx arguments in kw), so that
     each variant runs in a LuaJIT state of its own. In a shared one, what a
     variant's calls did to the traces stayed for the next: post_task took
     1.15 µs of event-loop CPU per call after a push_tasks cell, 0.26 µs
     before, and flushing the traces did not undo it (LuaJIT had blacklisted
-    the code)."""
+    the code). The Rust pool's nginx alone has that pool; without it (see
+    start_native) its variant is left out, and why goes to `skipped`."""
     variants = dict.fromkeys(v for v, _, _ in cells)
     with contextlib.ExitStack() as stack:
-        yield {v: stack.enter_context(Nginx(f"{name}-{v}", copying_pool=True, **kw))
-               for v in variants}
+        ngs = {}
+        for v in variants:
+            if v != rust_pool.VARIANT:
+                ngs[v] = stack.enter_context(Nginx(f"{name}-{v}", copying_pool=True, **kw))
+                continue
+            ng, why = start_native(stack, f"{name}-{v}", rust_pool.POOL,
+                                   copying_pool=True, **kw)
+            if ng:
+                ngs[v] = ng
+            else:
+                log(f"{name}: variant {v} left out: {why}")
+                if skipped is not None:
+                    skipped[v] = why
+        yield ngs
 
 
 def section_handoff(plan, res):
     # Every cell's rounds together (counts, histogram), and each round's
     # figures apart, for medians and spread.
-    cells, rounds = {}, {}
+    cells, rounds, skipped = {}, {}, {}
     groups = handoff_groups()
-    with handoff_nginx("handoff", [cell for group in groups for cell in group]) as ngs:
+    with handoff_nginx("handoff", [cell for group in groups for cell in group],
+                       skipped) as ngs:
+        groups = [[cell for cell in group if cell[0] in ngs] for group in groups]
         # JIT the loops, create run_worker_thread's VMs (one per task in
         # flight) and load the modules in every VM before measuring.
         for p in ("16", "65536", "table"):
             for v in handoff_variants(p):
-                handoff_cell(ngs[v], v, 64, p, plan["warmup_ms"])
+                if v in ngs:
+                    handoff_cell(ngs[v], v, 64, p, plan["warmup_ms"])
         for rnd in range(plan["handoff_rounds"]):
             log(f"handoff round {rnd + 1}/{plan['handoff_rounds']}")
             for i, group in enumerate(groups):
@@ -413,7 +459,7 @@ def section_handoff(plan, res):
         probe = {}
         for v in ("rwt", "tp"):
             probe[v] = handoff_cell(ngs[v], v, 128, "16", plan["handoff_ms"])
-        res["handoff"] = dict(cells=cells, rounds=rounds, probe128=probe,
+        res["handoff"] = dict(cells=cells, rounds=rounds, probe128=probe, skipped=skipped,
                               alive=all(ng.alive() for ng in ngs.values()))
     res["handoff"]["log"] = [line for ng in ngs.values() for line in ng.problems()]
 
@@ -583,19 +629,14 @@ def section_waf(plan, res):
     runs, skipped = {}, {}
     with contextlib.ExitStack() as stack:
         ngs = {}
-        lua = stack.enter_context(Nginx("waf-lua", rwt_threads=0, waf_pools=("waf_lua",)))
+        lua = stack.enter_context(Nginx("waf-lua", rwt_threads=0, pools=("waf_lua",)))
         for v in ("none", "inline", "tp"):
             ngs[v] = lua
-        if not WAF_RUST_LIB.exists():
-            skipped["rust"] = (f"{WAF_RUST_LIB.relative_to(REPO)} is not built "
-                               "(cargo build --release -p waf-rust, once handler/ is in "
-                               "the workspace)")
+        ng, why = start_native(stack, "waf-rust", "waf_rust", rwt_threads=0)
+        if ng:
+            ngs["rust"] = ng
         else:
-            try:
-                ngs["rust"] = stack.enter_context(
-                    Nginx("waf-rust", rwt_threads=0, waf_pools=("waf_rust",)))
-            except RuntimeError as e:
-                skipped["rust"] = f"its nginx did not start: {e}"
+            skipped["rust"] = why
         for v in skipped:
             log(f"waf: variant {v} skipped: {skipped[v]}")
         variants = [v for v in WAF_VARIANTS if v in ngs]

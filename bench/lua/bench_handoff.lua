@@ -5,7 +5,7 @@
 -- thread spent, and a histogram of sampled round trips (64 buckets per
 -- octave of nanoseconds, ~1%).
 --
---   GET /handoff?variant=inline|rwt|tp|tpc|tpb|tpp&c=8&payload=16&ms=1000
+--   GET /handoff?variant=inline|rwt|tp|tpc|tpb|tpp|tpr&c=8&payload=16&ms=1000
 --
 -- The loop is a plain loop of calls, so that CPU time and tasks/s are the
 -- variant's rather than the timing's: each light thread reads the clock
@@ -20,7 +20,9 @@
 -- push_task on a pool that copies every string (thread_pool_zero_copy
 -- off). tpp posts (post_task): its "round trip" is the post call, and the
 -- cell ends once the pool has run every posted task, so that its tasks/s
--- counts tasks run; a full queue makes the poster sleep 1 ms.
+-- counts tasks run; a full queue makes the poster sleep 1 ms. tpr is
+-- push_task on a Rust pool whose handler does the same task
+-- (bench/rust-upper): the same call, only the pool differs.
 
 local ffi = require "ffi"
 local cjson = require "cjson.safe"
@@ -84,8 +86,8 @@ local function loop_cpu_us()
            + tonumber(ru.utime_usec) + tonumber(ru.stime_usec)
 end
 
-local SIZES = { ["16"] = 16, ["1024"] = 1024, ["65536"] = 65536,
-                ["1048576"] = 1048576 }
+local SIZES = { ["16"] = 16, ["512"] = 512, ["1024"] = 1024,
+                ["65536"] = 65536, ["1048576"] = 1048576 }
 local payloads = {}
 
 -- 100 records of 10 string fields: 1,000 entries, two levels deep.
@@ -116,8 +118,10 @@ local function payload(name)
     return p
 end
 
--- resty.threadpool's pools by name, looked up on first use.
+-- resty.threadpool's pools by name, looked up on first use, and the pool
+-- each variant calls.
 local pools = {}
+local POOL = { tp = "tp", tpc = "tpc", tpp = "tp", tpb = "tp", tpr = "tpr" }
 local BATCH = 64
 local batch_list = {}
 
@@ -143,6 +147,9 @@ local callers = {
     end,
     tpc = function(p)
         return pools.tpc:push_task("upper", p)
+    end,
+    tpr = function(p)
+        return pools.tpr:push_task("upper", p)
     end,
     tpp = function(p)
         return pools.tp:post_task("upper", p)
@@ -211,8 +218,8 @@ function _M.run()
     if not (call and c and ms and max and p) then
         return bad_request("bad arguments")
     end
-    local name = variant == "tpc" and "tpc" or "tp"
-    if variant:sub(1, 2) == "tp" and not pools[name] then
+    local name = POOL[variant]
+    if name and not pools[name] then
         local ok, pool = pcall(function() return require("resty.threadpool")[name] end)
         if not ok then
             return bad_request(tostring(pool))
