@@ -23,7 +23,7 @@ use stats::PoolStats;
 use crate::handler::Spec;
 use crate::ngx::log;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use payload::Args;
+use payload::{Args, Payload};
 use shadow::Shadow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -235,6 +235,10 @@ impl Worker {
         args: Args,
         anchor: u64,
     ) -> Result<TaskId, WorkerError> {
+        if owner.is_none() {
+            // posted pushes come back only this way (see drain)
+            self.drain();
+        }
         let index = pool;
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
@@ -298,12 +302,33 @@ impl Worker {
         Some(out)
     }
 
-    /// Takes every completion posted so far (called on wake-up).
+    /// Takes every completion posted so far (called on wake-up, and by
+    /// post_task, whose pushes come back without one).
     pub fn drain(&mut self) {
         while let Ok(work) = self.completions.try_recv() {
+            if work.task == POSTED {
+                self.recycle_posted(work);
+                continue;
+            }
             gate::tasks_finished(work.count());
             // results nobody wants are dropped (and their pins let go of)
             drop(self.tasks.complete(work));
+        }
+    }
+
+    /// Keeps the buffers of a posted push that came back for reuse: its
+    /// arguments' and its results'. The last pool thread may still hold
+    /// the push a moment; then it frees it.
+    fn recycle_posted(&mut self, work: Job) {
+        if let Ok(work) = Arc::try_unwrap(work) {
+            let (args, results) = work.into_parts();
+            self.tasks.recycle(Payload {
+                bytes: args.bytes,
+                ..Payload::default()
+            });
+            for p in results {
+                self.tasks.recycle(p);
+            }
         }
     }
 }

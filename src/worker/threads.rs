@@ -257,6 +257,18 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                         last_logged = Some(Instant::now());
                     }
                 }
+                // Nobody reads the result; the push goes back to the event
+                // loop without a wake-up, for its buffers to be freed or
+                // reused there (Worker::drain): freed here, the event
+                // loop's allocations made its malloc slow (the arena's
+                // chunks came back through this thread).
+                let spare = Payload {
+                    bytes: result.bytes,
+                    ..Payload::default()
+                };
+                if job.finish(i, spare) {
+                    let _ = done.send(job.clone());
+                }
                 continue;
             }
             if job.finish(i, result) {

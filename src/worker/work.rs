@@ -94,6 +94,15 @@ impl Work {
     }
 
     /// The results, in task order (the completion's receiver only).
+    /// The arguments and the results of a push nobody else holds.
+    pub fn into_parts(self) -> (Args, Vec<Payload>) {
+        let results = self
+            .results
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        (self.args, results)
+    }
+
     pub fn take_results(&self) -> Vec<Payload> {
         std::mem::take(&mut *self.lock())
     }
