@@ -1,9 +1,15 @@
-"""What bench/run.py and bench/fairness.py both do with the nginx they
-start: pick a free loopback port, and stop it."""
+"""What bench/run.py, bench/fairness.py and soak/soak.py share about the
+nginx they start: pick a free loopback port, stop it, and name the machine
+and versions it ran on."""
 
+import os
+import platform
 import signal
 import socket
 import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port():
@@ -27,3 +33,28 @@ def stop(proc, quit_wait, on_timeout=None):
         except subprocess.TimeoutExpired:
             if on_timeout:
                 on_timeout(sig)
+
+
+def machine(nginx, **commands):
+    """The machine and versions a report names: CPUs, kernel, the nginx
+    binary `nginx`, Python, the checkout's commit, and the first line each
+    of `commands` (name=argv) prints."""
+    def run(cmd):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            return (p.stdout + p.stderr).strip()
+        except OSError as e:
+            return f"({e})"
+
+    cpu = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return dict(
+        nproc=os.cpu_count(), cpu=cpu, kernel=platform.release(),
+        nginx=run([nginx, "-v"]).replace("nginx version: ", ""),
+        python=platform.python_version(),
+        commit=run(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
+        **{name: (run(argv).splitlines() or [""])[0] for name, argv in commands.items()},
+    )

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -659,27 +658,8 @@ def section_waf(plan, res):
 
 
 def machine():
-    def run(cmd):
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-            return (p.stdout + p.stderr).strip()
-        except OSError as e:
-            return f"({e})"
-
-    cpu = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return dict(
-        nproc=os.cpu_count(), cpu=cpu, kernel=platform.release(),
-        nginx=run([NGINX, "-v"]).replace("nginx version: ", ""),
-        rustc=run(["rustc", "--version"]),
-        wrk=run([WRK, "-v"]).splitlines()[0],
-        python=platform.python_version(),
-        commit=run(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
-        mem_total_kib=kib("/proc/meminfo", "MemTotal"),
-    )
+    return dict(procs.machine(NGINX, rustc=["rustc", "--version"], wrk=[WRK, "-v"]),
+                mem_total_kib=kib("/proc/meminfo", "MemTotal"))
 
 
 def loadavg():

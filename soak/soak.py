@@ -21,10 +21,8 @@ removes its prefix; exits 1 on failure.
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,10 @@ import check  # noqa: E402
 import load  # noqa: E402
 import proc  # noqa: E402
 import report  # noqa: E402
+
+# bench/procs.py: after soak's own modules, whose names bench's share
+sys.path.append(str(Path(__file__).resolve().parent.parent / "bench"))
+import procs  # noqa: E402
 
 SOAK = Path(__file__).resolve().parent
 REPO = SOAK.parent
@@ -56,12 +58,6 @@ EARLY_S = 10.0
 
 def log(msg):
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metrics_check(text):
@@ -111,7 +107,7 @@ class Soak:
         self.duration = args.seconds if args.seconds else args.minutes * 60
         self.kinds = load.KINDS + [load.INJECT[name] for name in args.inject]
         self.prefix = Path(tempfile.mkdtemp(prefix="ngx_threadpool-soak-"))
-        self.port = free_port()
+        self.port = procs.free_port()
         self.nginx = None
         self.failures = []
         self.repeats = {}
@@ -433,28 +429,9 @@ class Soak:
             counters=self.counters,
             metrics_max=self.load.metrics_max if self.load else {},
             conf=self.conf.replace(str(REPO), "@REPO@").replace(str(MODULE), "@MODULE@"),
-            machine=machine(),
+            machine=dict(procs.machine(NGINX),
+                         loadavg=Path("/proc/loadavg").read_text().split()[:3]),
         )
-
-
-def machine():
-    def run(cmd):
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-            return (p.stdout + p.stderr).strip()
-        except OSError as e:
-            return f"({e})"
-
-    cpu = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return dict(nproc=os.cpu_count(), cpu=cpu, kernel=platform.release(),
-                nginx=run([NGINX, "-v"]).replace("nginx version: ", ""),
-                python=platform.python_version(),
-                commit=run(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
-                loadavg=Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main():
