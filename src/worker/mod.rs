@@ -243,14 +243,8 @@ impl Worker {
         let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
         let n = args.count() as u64;
-        let max = pool.max_queue as u64;
         let queued = &pool.stats.queued;
-        if queued
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
-                (q + n <= max).then_some(q + n)
-            })
-            .is_err()
-        {
+        if !pool.stats.reserve(n, pool.max_queue as u64) {
             pool.stats.rejected.fetch_add(n, Ordering::Relaxed);
             return Err(WorkerError::QueueFull);
         }
@@ -273,7 +267,7 @@ impl Worker {
         // As many threads as there are tasks share them (work.rs).
         for _ in 0..pool.threads.len().min(work.count()) {
             if jobs.send(work.clone()).is_err() {
-                pool.stats.queued.fetch_sub(n, Ordering::Relaxed);
+                queued.fetch_sub(n, Ordering::Relaxed);
                 if task != POSTED {
                     // Every thread is gone: abandon, then complete, which
                     // frees the record at once.

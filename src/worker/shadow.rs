@@ -78,12 +78,7 @@ impl Shadow {
         if !self.sample.take() {
             return;
         }
-        let max = self.max_queue as u64;
-        let reserved = self
-            .queue
-            .queued
-            .fetch_update(Relaxed, Relaxed, |q| (q < max).then_some(q + 1));
-        if reserved.is_err() {
+        if !self.queue.reserve(1, self.max_queue as u64) {
             PoolStats::add(&self.pair.counts.shadow_skipped);
             return;
         }

@@ -120,6 +120,15 @@ impl PoolStats {
         }
     }
 
+    /// Takes `n` places in the pool's queue of `max`: false, taking none,
+    /// when they are not all free. The event loop's pushes and POOL
+    /// threads' shadow tasks take them alike (the count is shared).
+    pub fn reserve(&self, n: u64, max: u64) -> bool {
+        self.queued
+            .fetch_update(Relaxed, Relaxed, |q| (q + n <= max).then_some(q + n))
+            .is_ok()
+    }
+
     pub fn add(counter: &AtomicU64) {
         counter.fetch_add(1, Relaxed);
     }
