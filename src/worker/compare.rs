@@ -7,6 +7,7 @@
 use super::payload::{Args, Payload};
 use super::stats::PoolStats;
 use crate::codec::{self, Span};
+use crate::lua::stack::Op;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
@@ -74,14 +75,24 @@ impl Owned {
     /// # Safety
     /// The spans' bytes must be alive until this returns.
     pub unsafe fn copy(bytes: &[u8], spans: &[Span]) -> Owned {
-        // The strings the payload reads are the ops' byte slices that are
-        // a span's exact bytes.
-        // SAFETY: forwarded from the caller.
-        let used: HashSet<(usize, usize)> = match unsafe { codec::values(bytes, spans) } {
-            Ok(_) if spans.is_empty() => HashSet::new(),
-            Ok(v) => used_spans(&v),
-            // not decodable: whatever it is, the shadow sees the same
-            Err(_) => spans.iter().map(|s| (s.data as usize, s.len)).collect(),
+        // The strings the payload reads are the decoder's byte slices that
+        // are a span's exact bytes; a payload without spans reads none.
+        let used: HashSet<(usize, usize)> = if spans.is_empty() {
+            HashSet::new()
+        } else {
+            // SAFETY: forwarded from the caller.
+            match unsafe { codec::decode(bytes, spans, codec::reuse(Vec::new())) } {
+                Ok(decoded) => decoded
+                    .ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::Bytes(b) => Some((b.as_ptr() as usize, b.len())),
+                        _ => None,
+                    })
+                    .collect(),
+                // not decodable: whatever it is, the shadow sees the same
+                Err(_) => spans.iter().map(|s| (s.data as usize, s.len)).collect(),
+            }
         };
         let mut held = Vec::new();
         let spans = spans
@@ -109,25 +120,6 @@ impl Owned {
         // SAFETY: the spans point into held, alive as long as self.
         unsafe { codec::values(&self.bytes, &self.spans) }
     }
-}
-
-/// The (address, length) of every string of `v`.
-fn used_spans(v: &codec::Values) -> HashSet<(usize, usize)> {
-    fn walk(v: &codec::Value, out: &mut HashSet<(usize, usize)>) {
-        match v {
-            codec::Value::Bytes(b) => {
-                out.insert((b.as_ptr() as usize, b.len()));
-            }
-            codec::Value::Table(pairs) => pairs.iter().for_each(|(k, v)| {
-                walk(k, out);
-                walk(v, out);
-            }),
-            _ => {}
-        }
-    }
-    let mut out = HashSet::new();
-    v.0.iter().flatten().for_each(|v| walk(v, &mut out));
-    out
 }
 
 /// What a shadow task carries besides its arguments: POOL's result and
