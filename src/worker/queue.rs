@@ -13,7 +13,10 @@
 //! A thread counts itself in `polling` before its last look at the queue
 //! as a poller and in `parked` before its look as a parker; a sender reads
 //! both after its send. SeqCst fences order the two sides (Dekker): either
-//! the sender sees the count, or the thread's next look sees the job.
+//! the sender sees the count, or the thread's next look sees the job. A
+//! thread leaves its count only after it took a job, so a sender may count
+//! on a thread that already has one: that thread, once uncounted, rings
+//! for what is still queued (`hand_on`).
 
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use std::sync::atomic::{fence, AtomicUsize, Ordering::SeqCst};
@@ -166,7 +169,21 @@ impl<T> Taker<T> {
             self.park(deadline)
         });
         spin.observe(start.elapsed());
+        if matches!(next, Next::Job(_)) {
+            self.hand_on();
+        }
         next
+    }
+
+    /// A sender counted this thread as polling or parked after it had
+    /// already taken another job: rings for whatever is still queued, so a
+    /// job shared by several threads (a batch) does not wait for this one.
+    fn hand_on(&self) {
+        fence(SeqCst);
+        let queued = self.rx.len();
+        if queued > 0 {
+            self.door.ring(queued);
+        }
     }
 
     /// Polls until `budget` has passed since `start`; None if nothing came.
@@ -342,5 +359,52 @@ mod tests {
         for r in readers {
             r.join().unwrap();
         }
+    }
+
+    /// A job shared by two threads (a batch of two tasks) runs on both at
+    /// once, whether they polled or parked when it came: each copy's taker
+    /// waits for the other copy to be taken. Left queued behind its twin,
+    /// the second copy is taken only after the first one's wait timed out.
+    #[test]
+    fn a_shared_job_reaches_both_threads() {
+        const ROUNDS: u64 = 20_000;
+        const PATIENCE: Duration = Duration::from_millis(200);
+        let (q, t) = queue::<u64>();
+        let taken = Arc::new(AtomicU64::new(0));
+        let alone = Arc::new(AtomicU64::new(0));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (t, taken, alone) = (t.clone(), taken.clone(), alone.clone());
+                std::thread::spawn(move || {
+                    let mut spin = Spin::default();
+                    while let Next::Job(round) = t.next(false, &mut spin) {
+                        taken.fetch_add(1, SeqCst);
+                        let deadline = Instant::now() + PATIENCE;
+                        while taken.load(SeqCst) < 2 * round {
+                            if Instant::now() >= deadline {
+                                alone.fetch_add(1, SeqCst);
+                                break;
+                            }
+                            std::hint::spin_loop();
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(t);
+        for round in 1..=ROUNDS {
+            q.send(round, 2).unwrap();
+            while taken.load(SeqCst) < 2 * round {
+                std::hint::spin_loop();
+            }
+            if round % 7 == 0 {
+                std::thread::sleep(Duration::from_micros(round % 300));
+            }
+        }
+        drop(q);
+        for r in readers {
+            r.join().unwrap();
+        }
+        assert_eq!(alone.load(SeqCst), 0, "rounds whose second copy waited");
     }
 }
