@@ -19,6 +19,7 @@
 //! for what is still queued (`hand_on`).
 
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
+use crossbeam_utils::CachePadded;
 use std::sync::atomic::{fence, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -26,30 +27,37 @@ use std::time::{Duration, Instant};
 /// The counts and the bell a queue's senders and readers share.
 #[derive(Default)]
 struct Door {
-    /// Threads polling the queue.
-    polling: AtomicUsize,
+    /// Threads polling the queue. Written at every poll; on its own cache
+    /// line, so that a push that finds no thread parked reads only `parked`.
+    polling: CachePadded<AtomicUsize>,
     /// Threads parked on `bell` or about to (counted before their last
-    /// look at the queue, under `lock`).
-    parked: AtomicUsize,
-    /// Held by a parking thread from its last look to its wait, and by a
-    /// sender that rings: no ring falls between the two.
+    /// look at the queue, under `lock`). Written only when a thread parks
+    /// or wakes: a push reads it from its own cache.
+    parked: CachePadded<AtomicUsize>,
+    /// Held by a parking thread from its last look to its wait, and taken
+    /// by a sender before it rings: no ring falls between the two.
     lock: Mutex<()>,
     bell: Condvar,
 }
 
 impl Door {
-    /// Wakes parked threads for jobs that no polling thread will take.
-    fn ring(&self, queued: usize) {
+    /// Wakes parked threads for the jobs queued (counted only if a thread
+    /// is parked) that no polling thread will take.
+    fn ring(&self, queued: impl FnOnce() -> usize) {
         fence(SeqCst);
         let parked = self.parked.load(SeqCst);
         if parked == 0 {
             return;
         }
-        let wanted = queued.saturating_sub(self.polling.load(SeqCst));
+        let wanted = queued().saturating_sub(self.polling.load(SeqCst));
         if wanted == 0 {
             return;
         }
-        let _held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken and let go before the notify: a thread counted in `parked`
+        // took the lock to count itself and holds it until it waits, so
+        // once the lock is free it waits (or has seen the job). Notified
+        // under the lock, a woken thread would find it held and sleep again.
+        drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
         if wanted >= parked {
             self.bell.notify_all();
         } else {
@@ -107,7 +115,7 @@ impl<T> Queue<T> {
             tx.send(job.clone()).map_err(|e| e.0)?;
         }
         tx.send(job).map_err(|e| e.0)?;
-        self.door.ring(tx.len());
+        self.door.ring(|| tx.len());
         Ok(())
     }
 }
@@ -115,7 +123,7 @@ impl<T> Queue<T> {
 impl<T> Drop for Queue<T> {
     fn drop(&mut self) {
         drop(self.tx.take());
-        let _held = self.door.lock.lock().unwrap_or_else(|e| e.into_inner());
+        drop(self.door.lock.lock().unwrap_or_else(|e| e.into_inner()));
         self.door.bell.notify_all();
     }
 }
@@ -149,6 +157,7 @@ pub enum Next<T> {
 /// sides, which `make bench` measured at 1.6x the round trips per second at
 /// concurrency 1.
 const SPIN: Duration = Duration::from_micros(50);
+const SPIN_NS: u64 = SPIN.as_nanos() as u64;
 
 /// How long a thread that handled large payloads waits for the next job
 /// before it gives their memory back: long enough that a steady stream of
@@ -164,7 +173,7 @@ impl<T> Taker<T> {
             Err(TryRecvError::Empty) => {}
         }
         let start = Instant::now();
-        let next = self.poll(spin.budget(), start).unwrap_or_else(|| {
+        let next = (self.poll(spin.budget(), start)).unwrap_or_else(|| {
             let deadline = idle_after.then(|| start + IDLE);
             self.park(deadline)
         });
@@ -179,18 +188,14 @@ impl<T> Taker<T> {
     /// already taken another job: rings for whatever is still queued, so a
     /// job shared by several threads (a batch) does not wait for this one.
     fn hand_on(&self) {
-        fence(SeqCst);
-        let queued = self.rx.len();
-        if queued > 0 {
-            self.door.ring(queued);
-        }
+        self.door.ring(|| self.rx.len());
     }
 
     /// Polls until `budget` has passed since `start`; None if nothing came.
     fn poll(&self, budget: Duration, start: Instant) -> Option<Next<T>> {
         self.door.polling.fetch_add(1, SeqCst);
+        fence(SeqCst);
         let next = loop {
-            fence(SeqCst);
             match self.rx.try_recv() {
                 Ok(job) => break Some(Next::Job(job)),
                 Err(TryRecvError::Disconnected) => break Some(Next::Closed),
@@ -253,22 +258,25 @@ pub struct Spin {
 impl Default for Spin {
     fn default() -> Spin {
         Spin {
-            wait_ns: SPIN.as_nanos() as u64 / 4,
+            wait_ns: SPIN_NS / 4,
         }
     }
 }
 
 impl Spin {
     fn budget(&self) -> Duration {
-        let spin = SPIN.as_nanos() as u64;
-        if self.wait_ns >= spin {
+        if self.wait_ns >= SPIN_NS {
             return Duration::ZERO;
         }
-        Duration::from_nanos((4 * self.wait_ns).min(spin))
+        Duration::from_nanos((4 * self.wait_ns).min(SPIN_NS))
     }
 
     fn observe(&mut self, waited: Duration) {
-        let w = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        // At most twice SPIN: one slow wake-up (tens to hundreds of
+        // microseconds on a busy or virtual machine) must not end the
+        // polling of jobs that come every few tens of microseconds; only
+        // waits that stay long do.
+        let w = u64::try_from(waited.as_nanos()).map_or(2 * SPIN_NS, |w| w.min(2 * SPIN_NS));
         self.wait_ns = self.wait_ns - self.wait_ns / 8 + w / 8;
     }
 }
@@ -325,7 +333,7 @@ mod tests {
                     loop {
                         if r == 2 {
                             // one reader of three never polls
-                            spin.wait_ns = SPIN.as_nanos() as u64;
+                            spin.wait_ns = SPIN_NS;
                         }
                         match t.next(false, &mut spin) {
                             Next::Job(n) => {
