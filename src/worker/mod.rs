@@ -1,15 +1,14 @@
 //! The worker's state, on the event-loop thread: its pools (threads and job
 //! channels), its task records and the completions coming back.
 //!
-//! Each pool has a queue of jobs (idle.rs), bounded at `max_queue` by its
-//! counters, read by its threads (threads.rs). Every thread posts completions to the one
+//! Each pool has a crossbeam channel of jobs, bounded at `max_queue`, read
+//! by its threads (threads.rs). Every thread posts completions to the one
 //! completion channel of the worker and wakes the event loop
 //! (ngx/notify.rs), which drains them into the task records (tasks.rs).
 
 mod compare;
 mod error;
 pub mod gate;
-mod idle;
 pub mod payload;
 mod shadow;
 pub mod stats;
@@ -24,7 +23,6 @@ use stats::PoolStats;
 use crate::handler::Spec;
 use crate::ngx::log;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use idle::Queue;
 use payload::{Args, Payload};
 use shadow::Shadow;
 use std::cell::RefCell;
@@ -45,7 +43,7 @@ struct Pool {
     /// pools this one shadows add to the count only under the bound
     /// (fetch_update), so the bound holds.
     max_queue: usize,
-    jobs: Option<Queue<Job>>,
+    jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
     stats: &'static PoolStats,
 }
@@ -99,10 +97,7 @@ impl Worker {
         let log = setups.first().and_then(|s| s.spec.log);
         // Every pool's channel and counters first: a pool's threads may
         // send to its shadow's.
-        let channels: Vec<_> = setups
-            .iter()
-            .map(|s| idle::queue::<Job>(s.threads))
-            .collect();
+        let channels: Vec<_> = setups.iter().map(|_| unbounded::<Job>()).collect();
         let all_stats: Vec<&'static PoolStats> = setups
             .iter()
             .enumerate()
@@ -270,18 +265,17 @@ impl Worker {
             self.tasks.set_work(task, work.clone());
         }
         // As many threads as there are tasks share them (work.rs).
-        if jobs
-            .send(work.clone(), pool.threads.len().min(work.count()))
-            .is_err()
-        {
-            queued.fetch_sub(n, Ordering::Relaxed);
-            if task != POSTED {
-                // Every thread is gone: abandon, then complete, which
-                // frees the record at once.
-                self.tasks.release(task, Release::NotWaiting);
-                self.tasks.complete(work);
+        for _ in 0..pool.threads.len().min(work.count()) {
+            if jobs.send(work.clone()).is_err() {
+                queued.fetch_sub(n, Ordering::Relaxed);
+                if task != POSTED {
+                    // Every thread is gone: abandon, then complete, which
+                    // frees the record at once.
+                    self.tasks.release(task, Release::NotWaiting);
+                    self.tasks.complete(work);
+                }
+                return Err(WorkerError::Stopped);
             }
-            return Err(WorkerError::Stopped);
         }
         pool.stats.pushed.fetch_add(n, Ordering::Relaxed);
         if task != POSTED {

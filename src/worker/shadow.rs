@@ -10,10 +10,10 @@
 //! on SHADOW's thread.
 
 use super::compare::{Expected, Owned, Pair};
-use super::idle::Queue;
 use super::payload::Payload;
 use super::stats::PoolStats;
 use super::work::{Job, Work};
+use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -38,8 +38,8 @@ impl Sampler {
 pub struct Shadow {
     pair: Arc<Pair>,
     sample: Sampler,
-    /// SHADOW's queue of jobs.
-    jobs: Queue<Job>,
+    /// SHADOW's job channel.
+    jobs: Sender<Job>,
     /// SHADOW's counters, whose `queued` bounds its queue.
     queue: &'static PoolStats,
     max_queue: usize,
@@ -48,7 +48,7 @@ pub struct Shadow {
 /// What Worker::start knows of SHADOW.
 pub struct Target {
     pub name: String,
-    pub jobs: Queue<Job>,
+    pub jobs: Sender<Job>,
     pub stats: &'static PoolStats,
     pub max_queue: usize,
 }
@@ -90,7 +90,7 @@ impl Shadow {
             )
         };
         let (args, expected) = Expected::task(args, got, result.failed, self.pair.clone());
-        if self.jobs.send(Work::shadowing(args, expected), 1).is_err() {
+        if self.jobs.send(Work::shadowing(args, expected)).is_err() {
             // SHADOW's threads are gone: the worker is exiting.
             PoolStats::sub(&self.queue.queued);
             PoolStats::add(&self.pair.counts.shadow_skipped);
