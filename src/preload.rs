@@ -417,7 +417,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
 unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
     // SAFETY: forwarded.
     let task = unsafe { lua::lua_tonumber(l, 1) } as TaskId;
-    let (work, anchor) = guard::catch(|| with_worker(|w| w.tasks.take_result(task)))
+    let (results, anchor) = guard::catch(|| with_worker(|w| w.tasks.take_result(task)))
         .ok()
         .flatten()
         .flatten()?;
@@ -425,7 +425,6 @@ unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
         // SAFETY: forwarded.
         unsafe { unanchor(l, &[anchor]) };
     }
-    let results = work.take_results();
     for (i, p) in results.iter().enumerate() {
         crate::ngx::log::debug(format_args!(
             "task {task:#x}.{i} resumed, {} bytes of results, borrowed {}",

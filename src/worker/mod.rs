@@ -23,7 +23,7 @@ use stats::PoolStats;
 use crate::handler::Spec;
 use crate::ngx::log;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use payload::{Args, Payload};
+use payload::Args;
 use shadow::Shadow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -260,7 +260,7 @@ impl Worker {
             },
             None => POSTED,
         };
-        let work = Work::new(task, args);
+        let work = Work::new(task, args, || self.tasks.buffer());
         if task != POSTED {
             self.tasks.set_work(task, work.clone());
         }
@@ -311,18 +311,10 @@ impl Worker {
     }
 
     /// Keeps the buffers of a posted push that came back for reuse: its
-    /// arguments' and its results'. The last pool thread may still hold
-    /// the push a moment; then it frees it.
+    /// arguments' and its results'.
     fn recycle_posted(&mut self, work: Job) {
-        if let Ok(work) = Arc::try_unwrap(work) {
-            let (args, results) = work.into_parts();
-            self.tasks.recycle(Payload {
-                bytes: args.bytes,
-                ..Payload::default()
-            });
-            for p in results {
-                self.tasks.recycle(p);
-            }
+        for p in self.tasks.reclaim(work) {
+            self.tasks.recycle(p);
         }
     }
 }

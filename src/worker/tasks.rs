@@ -8,7 +8,7 @@
 
 use super::payload::Payload;
 use super::stats::PoolStats;
-use super::work::Job;
+use super::work::{Job, Work};
 use super::{with_worker, WorkerError};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
@@ -91,7 +91,8 @@ impl Drop for RequestTasks {
 pub struct Tasks {
     slots: Vec<Slot>,
     free: Vec<u32>,
-    /// Result buffers kept for reuse, so steady state allocates nothing.
+    /// Payload buffers kept for reuse: arguments are encoded in them and
+    /// results written in them (work.rs), so steady state allocates none.
     spare: Vec<Vec<u8>>,
     /// Anchor keys of tasks that ended without their caller taking the
     /// result: the caller's strings they borrowed may now be let go of.
@@ -129,7 +130,10 @@ impl Tasks {
     /// should not pin 1 MiB per spare) and drops the rest, which lets go of
     /// a thread's pin on borrowed results.
     pub fn recycle(&mut self, payload: Payload) {
-        let mut buf = payload.bytes;
+        self.keep(payload.bytes);
+    }
+
+    fn keep(&mut self, mut buf: Vec<u8>) {
         if buf.capacity() <= KEEP && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
@@ -202,9 +206,19 @@ impl Tasks {
         self.slot(id).and_then(|s| s.sema.as_ref())
     }
 
+    /// The results of a push that came back, in task order; its
+    /// arguments' buffer is kept for reuse.
+    pub fn reclaim(&mut self, work: Job) -> Vec<Payload> {
+        let (results, args) = Work::take(work);
+        if let Some(args) = args {
+            self.keep(args);
+        }
+        results
+    }
+
     /// Takes the results of a Done task, with its anchor key, and frees
     /// the record. Taking them means the caller's wait consumed the post.
-    pub fn take_result(&mut self, id: TaskId) -> Option<(Job, u64)> {
+    pub fn take_result(&mut self, id: TaskId) -> Option<(Vec<Payload>, u64)> {
         let (gen, index) = split(id);
         let slot = self.slots.get_mut(index as usize)?;
         if slot.gen != gen || slot.state != State::Done {
@@ -214,7 +228,7 @@ impl Tasks {
         // the caller lets go of its strings itself
         let anchor = std::mem::take(&mut slot.anchor);
         let work = self.release_index(index)?;
-        Some((work, anchor))
+        Some((self.reclaim(work), anchor))
     }
 
     /// A completion from a pool thread: all the tasks of a push are done.

@@ -137,7 +137,8 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     job.task
                 ));
                 if job.finish(i, Payload::default()) {
-                    complete(&done, job.clone());
+                    complete(&done, job);
+                    break;
                 }
                 continue;
             }
@@ -150,8 +151,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 job.task
             ));
             let mut result = Payload {
-                // room for the usual small results at once
-                bytes: Vec::with_capacity(RESULT_CAPACITY),
+                bytes: job.result_buffer(i),
                 ..Payload::default()
             };
             let outcome = match &handler {
@@ -267,12 +267,16 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     ..Payload::default()
                 };
                 if job.finish(i, spare) {
-                    let _ = done.send(job.clone());
+                    let _ = done.send(job);
+                    break;
                 }
                 continue;
             }
             if job.finish(i, result) {
-                complete(&done, job.clone());
+                // Sent, not cloned: the event loop, the last to hold the
+                // push, keeps its buffers for reuse (work.rs).
+                complete(&done, job);
+                break;
             }
         }
     }
@@ -286,9 +290,6 @@ fn complete(done: &Sender<Job>, job: Job) {
         notify::wake();
     }
 }
-
-/// The capacity a result's buffer starts with.
-const RESULT_CAPACITY: usize = 256;
 
 /// How often a thread logs the failures of posted tasks.
 const POSTED_LOG_EVERY: Duration = Duration::from_secs(1);

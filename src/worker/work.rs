@@ -34,29 +34,48 @@ pub struct Work {
     /// completion: AcqRel, so that every other thread's result, stored
     /// before its own decrement, is visible to it and to the event loop.
     left: AtomicUsize,
-    /// Each task's result, stored by the thread that ran it.
+    /// Each task's result, stored by the thread that ran it. Until then
+    /// its slot holds the buffer the thread encodes it in, from the event
+    /// loop's spares: buffers go round between the two sides and are
+    /// freed on neither (a free on the event loop of memory a pool thread
+    /// allocated takes that thread's malloc arena lock).
     results: Mutex<Vec<Payload>>,
     /// A shadow task's (shadow.rs): POOL's result to compare with; its
     /// arguments' spans point into it.
     pub expected: Option<Expected>,
 }
 
+/// The capacity a result's buffer starts with.
+const RESULT_CAPACITY: usize = 256;
+
 /// How a pool thread shares a push.
 pub type Job = Arc<Work>;
 
 impl Work {
-    pub fn new(task: TaskId, args: Args) -> Job {
-        Arc::new(Work::with(task, args, None))
+    /// A push whose results are written in buffers from `buffer`.
+    pub fn new(task: TaskId, args: Args, buffer: impl FnMut() -> Vec<u8>) -> Job {
+        Arc::new(Work::with(task, args, None, buffer))
     }
 
     /// A shadow task: `args` (one task) run again on the shadow pool, to
     /// compare with `expected`; nobody takes its result.
     pub fn shadowing(args: Args, expected: Expected) -> Job {
-        Arc::new(Work::with(POSTED, args, Some(expected)))
+        Arc::new(Work::with(POSTED, args, Some(expected), Vec::new))
     }
 
-    fn with(task: TaskId, args: Args, expected: Option<Expected>) -> Work {
+    fn with(
+        task: TaskId,
+        args: Args,
+        expected: Option<Expected>,
+        mut buffer: impl FnMut() -> Vec<u8>,
+    ) -> Work {
         let n = args.count();
+        let results = (0..n)
+            .map(|_| Payload {
+                bytes: buffer(),
+                ..Payload::default()
+            })
+            .collect();
         Work {
             task,
             args,
@@ -64,7 +83,7 @@ impl Work {
             cancelled: Cancel::default(),
             next: AtomicUsize::new(0),
             left: AtomicUsize::new(n),
-            results: Mutex::new((0..n).map(|_| Payload::default()).collect()),
+            results: Mutex::new(results),
             expected,
         }
     }
@@ -85,6 +104,18 @@ impl Work {
         &self.cancelled
     }
 
+    /// The buffer that task `i`'s result is written in, with room for the
+    /// usual small results at once.
+    pub fn result_buffer(&self, i: usize) -> Vec<u8> {
+        let mut buf = self
+            .lock()
+            .get_mut(i)
+            .map(|p| std::mem::take(&mut p.bytes))
+            .unwrap_or_default();
+        buf.reserve(RESULT_CAPACITY);
+        buf
+    }
+
     /// Stores the result of task `i`: true if it was the last to finish.
     pub fn finish(&self, i: usize, result: Payload) -> bool {
         if let Some(slot) = self.lock().get_mut(i) {
@@ -93,23 +124,55 @@ impl Work {
         self.left.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
-    /// The results, in task order (the completion's receiver only).
-    /// The arguments and the results of a push nobody else holds.
-    pub fn into_parts(self) -> (Args, Vec<Payload>) {
-        let results = self
-            .results
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
-        (self.args, results)
-    }
-
-    pub fn take_results(&self) -> Vec<Payload> {
-        std::mem::take(&mut *self.lock())
+    /// The results, in task order, and the arguments' buffer if no pool
+    /// thread holds the push any more (the completion's receiver only).
+    pub fn take(work: Job) -> (Vec<Payload>, Option<Vec<u8>>) {
+        let results = std::mem::take(&mut *work.lock());
+        (results, Arc::into_inner(work).map(|w| w.args.bytes))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Payload>> {
         // A result is a plain value: a thread that panicked holding the
         // lock left nothing half-written that matters.
         self.results.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A push's buffers come back to the event loop for reuse: a result is
+    /// written in the buffer the push supplied, and the arguments' buffer
+    /// is handed back once no pool thread holds the push.
+    #[test]
+    fn buffers_go_round() {
+        let mut args = Args {
+            bytes: Vec::with_capacity(64),
+            ..Args::default()
+        };
+        args.bytes.push(0xc0);
+        args.end_part();
+        let args_at = args.bytes.as_ptr();
+        let mut supplied = Some(Vec::with_capacity(512));
+        let supplied_at = supplied.as_ref().map(|b| b.as_ptr());
+        let job = Work::new(1, args, || supplied.take().unwrap_or_default());
+        let shared = job.clone();
+        std::thread::spawn(move || {
+            let i = shared.claim().expect("one task");
+            let mut bytes = shared.result_buffer(i);
+            bytes.push(0xc3);
+            let result = Payload {
+                bytes,
+                ..Payload::default()
+            };
+            assert!(shared.finish(i, result), "the only task");
+        })
+        .join()
+        .expect("the pool thread");
+        let (results, args) = Work::take(job);
+        assert_eq!(results[0].bytes, [0xc3]);
+        assert_eq!(Some(results[0].bytes.as_ptr()), supplied_at, "result");
+        assert_eq!(args.map(|a| a.as_ptr()), Some(args_at), "arguments");
     }
 }
