@@ -120,6 +120,7 @@ impl Worker {
                 let (target, ratio) = setup.shadow?;
                 let target = shadow::Target {
                     name: setups.get(target)?.spec.pool.clone(),
+                    index: target,
                     jobs: channels.get(target)?.0.clone(),
                     stats: all_stats.get(target)?,
                     max_queue: setups.get(target)?.max_queue,
@@ -199,6 +200,7 @@ impl Worker {
         };
         let mut tasks = Tasks::default();
         tasks.stats = pools.iter().map(|p| p.stats).collect();
+        tasks.large_results = vec![false; pools.len()];
         let worker = Worker {
             pools,
             completions: done_rx,
@@ -260,7 +262,7 @@ impl Worker {
             },
             None => POSTED,
         };
-        let work = Work::new(task, args, || self.tasks.buffer());
+        let work = Work::new(task, index, args, || self.tasks.result_buffer(index));
         if task != POSTED {
             self.tasks.set_work(task, work.clone());
         }

@@ -40,6 +40,8 @@ pub struct Shadow {
     sample: Sampler,
     /// SHADOW's job channel.
     jobs: Sender<Job>,
+    /// SHADOW's index among the worker's pools.
+    index: usize,
     /// SHADOW's counters, whose `queued` bounds its queue.
     queue: &'static PoolStats,
     max_queue: usize,
@@ -48,6 +50,7 @@ pub struct Shadow {
 /// What Worker::start knows of SHADOW.
 pub struct Target {
     pub name: String,
+    pub index: usize,
     pub jobs: Sender<Job>,
     pub stats: &'static PoolStats,
     pub max_queue: usize,
@@ -62,6 +65,7 @@ impl Shadow {
                 seen: AtomicU64::new(0),
             },
             jobs: target.jobs,
+            index: target.index,
             queue: target.stats,
             max_queue: target.max_queue,
         }
@@ -90,7 +94,11 @@ impl Shadow {
             )
         };
         let (args, expected) = Expected::task(args, got, result.failed, self.pair.clone());
-        if self.jobs.send(Work::shadowing(args, expected)).is_err() {
+        if self
+            .jobs
+            .send(Work::shadowing(self.index, args, expected))
+            .is_err()
+        {
             // SHADOW's threads are gone: the worker is exiting.
             PoolStats::sub(&self.queue.queued);
             PoolStats::add(&self.pair.counts.shadow_skipped);

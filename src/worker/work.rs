@@ -21,6 +21,8 @@ use std::time::Instant;
 pub struct Work {
     /// The record on the event loop (tasks::POSTED for a posted task).
     pub task: TaskId,
+    /// The pool it was pushed to, by index.
+    pub pool: usize,
     /// Read by the threads that claim tasks; the spans' bytes are kept
     /// alive by whoever pushed until the completion reaches the event loop.
     pub args: Args,
@@ -53,18 +55,19 @@ pub type Job = Arc<Work>;
 
 impl Work {
     /// A push whose results are written in buffers from `buffer`.
-    pub fn new(task: TaskId, args: Args, buffer: impl FnMut() -> Vec<u8>) -> Job {
-        Arc::new(Work::with(task, args, None, buffer))
+    pub fn new(task: TaskId, pool: usize, args: Args, buffer: impl FnMut() -> Vec<u8>) -> Job {
+        Arc::new(Work::with(task, pool, args, None, buffer))
     }
 
     /// A shadow task: `args` (one task) run again on the shadow pool, to
     /// compare with `expected`; nobody takes its result.
-    pub fn shadowing(args: Args, expected: Expected) -> Job {
-        Arc::new(Work::with(POSTED, args, Some(expected), Vec::new))
+    pub fn shadowing(pool: usize, args: Args, expected: Expected) -> Job {
+        Arc::new(Work::with(POSTED, pool, args, Some(expected), Vec::new))
     }
 
     fn with(
         task: TaskId,
+        pool: usize,
         args: Args,
         expected: Option<Expected>,
         mut buffer: impl FnMut() -> Vec<u8>,
@@ -78,6 +81,7 @@ impl Work {
             .collect();
         Work {
             task,
+            pool,
             args,
             queued_at: Instant::now(),
             cancelled: Cancel::default(),
@@ -156,7 +160,7 @@ mod tests {
         let args_at = args.bytes.as_ptr();
         let mut supplied = Some(Vec::with_capacity(512));
         let supplied_at = supplied.as_ref().map(|b| b.as_ptr());
-        let job = Work::new(1, args, || supplied.take().unwrap_or_default());
+        let job = Work::new(1, 0, args, || supplied.take().unwrap_or_default());
         let shared = job.clone();
         std::thread::spawn(move || {
             let i = shared.claim().expect("one task");
