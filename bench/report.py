@@ -763,6 +763,11 @@ def plots(res, out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Only once matplotlib is there: a Python without it stops above and
+    # leaves the committed plots alone. A section that did not run leaves
+    # no plot behind.
+    for p in PLOTS:
+        (out_dir / p).unlink(missing_ok=True)
     note = f" ({res['mode']} run, {res['machine']['nproc']} CPUs)"
     h = res.get("handoff")
     if h:
@@ -894,8 +899,6 @@ def render(res, out_dir):
         "memory": md_memory(res, targets),
         "waf": md_waf(res, targets),
     }
-    for p in PLOTS:
-        (out_dir / p).unlink(missing_ok=True)
     plots(res, out_dir)
     images = [p for p in PLOTS if (out_dir / p).exists()]
     doc = [
