@@ -118,6 +118,11 @@ pub enum Release {
     NotWaiting,
 }
 
+/// Whether a buffer is small enough to keep as a spare.
+fn kept_size(buf: &Vec<u8>) -> bool {
+    buf.capacity() <= KEEP
+}
+
 fn split(id: TaskId) -> (u32, u32) {
     ((id >> 32) as u32, id as u32)
 }
@@ -150,7 +155,7 @@ impl Tasks {
     }
 
     fn keep(&mut self, mut buf: Vec<u8>) {
-        if buf.capacity() <= KEEP && self.spare.len() < 256 {
+        if kept_size(&buf) && self.spare.len() < 256 {
             buf.clear();
             self.spare.push(buf);
         }
@@ -228,7 +233,7 @@ impl Tasks {
         let pool = work.pool;
         let (results, args) = Work::take(work);
         if let Some(large) = self.large_results.get_mut(pool) {
-            *large = results.iter().any(|p| p.bytes.capacity() > KEEP);
+            *large = results.iter().any(|p| !kept_size(&p.bytes));
         }
         if let Some(args) = args {
             self.keep(args);
