@@ -17,7 +17,7 @@ pub use library::{Library, LoadError};
 
 use crate::codec::{self, Span, MAX_PAYLOAD};
 use crate::ngx::guard;
-use crate::ngx::log::Log;
+use crate::ngx::log::{self, Log};
 use crate::run::{Cancel, Outcome};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
@@ -35,7 +35,7 @@ pub struct Spec {
 /// the library, holds for the state's life.
 struct LogTo {
     log: Option<Log>,
-    /// `, thread pool: NAME`, as the lines of Lua threads end.
+    /// The pool's suffix (log::pool_suffix).
     suffix: String,
 }
 
@@ -52,7 +52,7 @@ impl State {
     pub fn new(spec: &Spec, pool: &str, log: Option<Log>, thread: usize) -> Result<State, String> {
         let log_to = Box::new(LogTo {
             log,
-            suffix: format!(", thread pool: {pool}"),
+            suffix: log::pool_suffix(pool),
         });
         let init = abi::Init {
             pool: Span::of(pool.as_bytes()),

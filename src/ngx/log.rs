@@ -62,6 +62,12 @@ impl Log {
 /// The one prefix of the module's own messages.
 pub const PREFIX: &str = "ngx_threadpool: ";
 
+/// How a line a handler logs from a pool thread ends, Lua or native: as
+/// lua-nginx-module's lines end with the request's `, client: ...`.
+pub fn pool_suffix(pool: &str) -> String {
+    format!(", thread pool: {pool}")
+}
+
 impl Log {
     /// Writes the module's message `args` at `level`: formatted only if
     /// the level lets it through, prefixed with PREFIX.

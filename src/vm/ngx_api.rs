@@ -10,7 +10,7 @@
 //! declarations of the lua module's functions, which the event loop has
 //! too (tests/ffi_namespace.rs).
 
-use crate::ngx::log::{Log, NGX_LOG_DEBUG};
+use crate::ngx::log::{self, Log, NGX_LOG_DEBUG};
 use crate::ngx::lua_api::{self, LuaConf, WorkerInfo};
 use mlua::{Lua, Value};
 
@@ -32,7 +32,7 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::R
     lua_api::inject(lua, &ngx, env.lua_conf)?;
 
     let prim = lua.create_table()?;
-    let suffix = format!(", thread pool: {pool}");
+    let suffix = log::pool_suffix(pool);
     prim.set(
         "log_write",
         lua.create_function(move |_, (level, msg): (u32, mlua::LuaString)| {
