@@ -438,11 +438,7 @@ unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
 /// Gives the result buffers back for reuse; the pins of borrowed strings
 /// go with their payloads.
 fn recycle(results: Vec<Payload>) {
-    with_worker(|w| {
-        for p in results {
-            w.tasks.recycle(p);
-        }
-    });
+    with_worker(|w| w.tasks.recycle(results));
 }
 
 /// `values... = result(task)`: the handler's return values, or nil and

@@ -315,9 +315,8 @@ impl Worker {
     /// Keeps the buffers of a posted push that came back for reuse: its
     /// arguments' and its results'.
     fn recycle_posted(&mut self, work: Job) {
-        for p in self.tasks.reclaim(work) {
-            self.tasks.recycle(p);
-        }
+        let results = self.tasks.reclaim(work);
+        self.tasks.recycle(results);
     }
 }
 

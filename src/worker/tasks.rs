@@ -147,11 +147,13 @@ impl Tasks {
         }
     }
 
-    /// Keeps a result's buffer for reuse (small ones only: a 1 MiB payload
-    /// should not pin 1 MiB per spare) and drops the rest, which lets go of
-    /// a thread's pin on borrowed results.
-    pub fn recycle(&mut self, payload: Payload) {
-        self.keep(payload.bytes);
+    /// Keeps the results' buffers for reuse (small ones only: a 1 MiB
+    /// payload should not pin 1 MiB per spare) and drops the rest, which
+    /// lets go of a thread's pins on borrowed results.
+    pub fn recycle(&mut self, results: Vec<Payload>) {
+        for p in results {
+            self.keep(p.bytes);
+        }
     }
 
     fn keep(&mut self, mut buf: Vec<u8>) {
@@ -437,9 +439,8 @@ mod tests {
                 ..Payload::default()
             },
         );
-        for p in tasks.reclaim(work) {
-            tasks.recycle(p);
-        }
+        let results = tasks.reclaim(work);
+        tasks.recycle(results);
     }
 
     /// A pool whose results outgrow the spares gets none for them, and
