@@ -20,7 +20,7 @@
 //! Upvalues of every function: 1, the table of anchored argument strings
 //! by anchor key; 2, the string "n".
 
-use crate::codec::{self, Borrow, Source};
+use crate::codec::{self, Borrow, Source, Span};
 use crate::ffi::{BAD_CONTEXT, DECLINED, ERROR, OK};
 use crate::ngx::guard;
 use crate::ngx::lua::request_of;
@@ -105,33 +105,59 @@ fn borrow_of(pool: usize) -> Option<Borrow> {
     Some(Borrow { min, nested: true })
 }
 
-/// Anchors the strings the arguments at `src` borrowed, `count` of them,
+/// Where a push's values are, to find the strings they borrowed again.
+#[derive(Clone, Copy)]
+enum Values<'a> {
+    /// `n` values on the stack from this absolute index.
+    Stack(c_int, usize),
+    /// A batch: entry `i + 1` of the list at this absolute index holds
+    /// `counts[i]` values.
+    List(c_int, &'a [usize]),
+}
+
+/// Anchors the strings the arguments borrowed, whose spans are `spans`,
 /// under a new key: the key (0 when nothing is borrowed), None when they
-/// could not all be found again.
+/// are not all found again. A collector step run by the anchor table's
+/// allocation may run a `__gc` that changes a table among the values:
+/// what is anchored is then compared with what the payload reads.
 ///
 /// # Safety
-/// As refused, with the values at `src` unchanged since they were encoded.
+/// As refused, with the values encoded from `values`.
 unsafe fn anchor(
     l: *mut lua_State,
-    parts: &[(Source, usize)],
+    values: Values,
     borrow: Option<Borrow>,
-    count: usize,
+    spans: &[Span],
 ) -> Option<u64> {
-    let Some(borrow) = borrow.filter(|_| count > 0) else {
+    let Some(borrow) = borrow.filter(|_| !spans.is_empty()) else {
         return Some(0);
     };
     let key = with_worker(|w| w.anchor_key())?;
+    let end = spans.len() as c_int + 1;
     // SAFETY: forwarded; the table has room for every borrowed string in
-    // its array part (codec::anchor's contract). The allocations may raise,
-    // before anything is queued.
+    // its array part (codec::anchor's contract). The allocations and the
+    // stack's growth may raise, before anything is queued.
     unsafe {
-        lua::lua_createtable(l, count as c_int, 0);
+        lua::lua_createtable(l, spans.len() as c_int, 0);
         let table = lua::lua_gettop(l);
         let mut next = 1;
-        for &(src, n) in parts {
-            next = codec::anchor(l, src, n, borrow, table, next);
+        match values {
+            Values::Stack(at, n) => {
+                next = codec::anchor(l, Source::Stack(at), n, borrow, table, next, end);
+            }
+            // each entry on top of the table while it is walked
+            Values::List(list, counts) => {
+                if crate::lua::stack::reserve(l, 1) {
+                    for (i, &n) in counts.iter().enumerate() {
+                        lua::lua_rawgeti_(l, list, i as c_int + 1);
+                        let entry = Source::Array(table + 1);
+                        next = codec::anchor(l, entry, n, borrow, table, next, end);
+                        lua::lua_settop(l, table);
+                    }
+                }
+            }
         }
-        if next as usize != count + 1 {
+        if next != end || !holds(l, table, spans) {
             lua::lua_settop(l, table - 1);
             return None;
         }
@@ -140,6 +166,24 @@ unsafe fn anchor(
         lua::lua_rawset(l, ANCHORS);
     }
     Some(key)
+}
+
+/// Whether `t[1..]` of the table at `table` are the strings at `spans`.
+///
+/// # Safety
+/// As refused, with the table's array part holding `spans.len()` slots.
+unsafe fn holds(l: *mut lua_State, table: c_int, spans: &[Span]) -> bool {
+    spans.iter().zip(1..).all(|(span, i)| {
+        // SAFETY: forwarded; reading an array slot and a string's bytes
+        // neither allocates nor raises (a non-string gives null).
+        unsafe {
+            lua::lua_rawgeti_(l, table, i);
+            let mut len = 0;
+            let data = lua::lua_tolstring(l, -1, &mut len);
+            lua::lua_settop(l, table);
+            data.cast() == span.data && len == span.len
+        }
+    })
 }
 
 /// Lets go of anchored strings (a removal allocates nothing).
@@ -192,7 +236,7 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
         let pool = int_arg(l, 1) as usize;
         let borrow = borrow_of(pool);
         let mut args = new_args();
-        let count = match codec::write_values(
+        if let Err(e) = codec::write_values(
             l,
             Source::Stack(3),
             n,
@@ -201,11 +245,10 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
             &mut args.bytes,
             &mut args.spans,
         ) {
-            Ok(count) => count,
-            Err(e) => return refused(l, ERROR, &e.to_string()),
-        };
+            return refused(l, ERROR, &e.to_string());
+        }
         args.end_part();
-        queue(l, pool, args, &[(Source::Stack(3), n)], borrow, count)
+        queue(l, pool, args, Values::Stack(3, n), borrow)
     }
 }
 
@@ -220,16 +263,14 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
         let count = int_arg(l, 4).max(0) as usize;
         let borrow = borrow_of(pool);
         lua::lua_settop(l, 4);
-        if !crate::lua::stack::reserve(l, count) {
-            return refused(l, ERROR, "Lua stack overflow");
-        }
         let mut args = new_args();
-        let mut parts = Vec::with_capacity(count);
-        let mut borrowed = 0;
+        let mut counts = Vec::with_capacity(count);
+        // An entry stays on the stack only while it is walked: a batch
+        // may hold more tasks than a C function's stack may hold values.
+        const ENTRY: c_int = 5;
         for i in 1..=count {
             lua::lua_rawgeti_(l, 3, i as c_int);
-            let entry = lua::lua_gettop(l);
-            if lua::lua_type(l, entry) != lua::LUA_TTABLE {
+            if lua::lua_type(l, ENTRY) != lua::LUA_TTABLE {
                 return refused(
                     l,
                     ERROR,
@@ -237,30 +278,29 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
                 );
             }
             lua::lua_pushvalue(l, N_KEY);
-            lua::lua_rawget(l, entry);
+            lua::lua_rawget(l, ENTRY);
             let n = if lua::lua_type(l, -1) == lua::LUA_TNUMBER {
                 lua::lua_tonumber(l, -1).max(0.0) as usize
             } else {
-                lua::lua_objlen(l, entry)
+                lua::lua_objlen(l, ENTRY)
             };
-            lua::lua_settop(l, entry);
-            let what = "argument";
-            match codec::write_values(
+            lua::lua_settop(l, ENTRY);
+            if let Err(e) = codec::write_values(
                 l,
-                Source::Array(entry),
+                Source::Array(ENTRY),
                 n,
-                what,
+                "argument",
                 borrow,
                 &mut args.bytes,
                 &mut args.spans,
             ) {
-                Ok(c) => borrowed += c,
-                Err(e) => return refused(l, ERROR, &format!("task {i}: {e}")),
+                return refused(l, ERROR, &format!("task {i}: {e}"));
             }
+            lua::lua_settop(l, 4);
             args.end_part();
-            parts.push((Source::Array(entry), n));
+            counts.push(n);
         }
-        queue(l, pool, args, &parts, borrow, borrowed)
+        queue(l, pool, args, Values::List(3, &counts), borrow)
     }
 }
 
@@ -276,22 +316,21 @@ fn new_args() -> Args {
 /// the tasks and starts the wait; pushes what the shim gets.
 ///
 /// # Safety
-/// As refused, with the encoded values at `parts` unchanged.
+/// As refused, with `args` encoded from `values`.
 unsafe fn queue(
     l: *mut lua_State,
     pool: usize,
     args: Args,
-    parts: &[(Source, usize)],
+    values: Values,
     borrow: Option<Borrow>,
-    borrowed: usize,
 ) -> c_int {
     // SAFETY: forwarded.
     unsafe {
         reap_pending(l);
         let ms = int_arg(l, 2).clamp(1, c_int::MAX as i64) as c_int;
         let r = request_of(l);
-        let Some(anchor) = anchor(l, parts, borrow, borrowed) else {
-            return refused(l, ERROR, "cannot anchor borrowed strings");
+        let Some(anchor) = anchor(l, values, borrow, &args.spans) else {
+            return refused(l, ERROR, "an argument changed while it was pushed");
         };
         let queued = guard::catch(|| queue_and_wait(r, pool, ms, args, anchor))
             .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));

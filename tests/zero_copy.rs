@@ -134,6 +134,68 @@ const HTTP: &str = r#"
                 ngx.say(err)
             }
         }
+        # A batch of more tasks than a C function's stack holds values,
+        # every 1000th with a borrowed string.
+        location /many {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local list = {}
+                for i = 1, tonumber(ngx.var.arg_n) do
+                    local s = tostring(i)
+                    if i % 1000 == 0 then
+                        s = string.rep("m", 16384) .. s
+                    end
+                    list[i] = { "echo", s }
+                end
+                local res, err = tp.one:push_tasks(list)
+                if not res then
+                    ngx.say(err)
+                    return
+                end
+                for i, r in ipairs(res) do
+                    if r[2] ~= list[i][2] or r[4] ~= ngx.md5(list[i][2]) then
+                        ngx.say("differs at ", i)
+                        return
+                    end
+                end
+                ngx.say(#res)
+            }
+        }
+
+        # A __gc that replaces the borrowed string of an argument while it
+        # is pushed: a step of the collector, run by an allocation of the
+        # push once the values are encoded, finalizes it.
+        location /changed {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local t = { s = string.rep("a", 100000) }
+                local other = string.rep("b", 100000)
+                -- the push's own first allocations, before the collector is set
+                assert(tp.one:push_task("echo", t))
+                local ran, armed = 0, false
+                collectgarbage()
+                collectgarbage("stop")
+                for _ = 1, 100 do
+                    getmetatable(newproxy(true)).__gc = function()
+                        ran = ran + 1
+                        if armed then t.s = other end
+                    end
+                end
+                -- step by step until the finalizers have begun
+                local mul = collectgarbage("setstepmul", 1)
+                repeat collectgarbage("step", 0) until ran > 0
+                local before = ran
+                collectgarbage("restart")
+                armed = true
+                local res, err = tp.one:push_task("echo", t)
+                armed = false
+                collectgarbage("setstepmul", mul)
+                ngx.say(ran > before and "ran in the push" or "ran before", ": ",
+                        res and res.s:sub(1, 1), " ", err)
+                res = assert(tp.one:push_task("echo", t))
+                ngx.say("then: ", res.s:sub(1, 1))
+            }
+        }
         location /gc {
             content_by_lua_block {
                 collectgarbage()
@@ -179,6 +241,28 @@ fn start(zero_copy: &str) -> Nginx {
         "thread_pool one threads=1;\nerror_log logs/debug.log debug;",
         &format!("{HTTP}\nthread_pool_zero_copy one {zero_copy};"),
     )
+}
+
+#[test]
+fn a_batch_larger_than_a_c_stack_borrows_and_crosses() {
+    let n = start("16k");
+    assert_eq!(n.get("/many?n=20000").text(), "20000\n");
+    n.assert_clean_log();
+}
+
+/// The payload reads the strings that were encoded; a `__gc` that swaps
+/// one out before it is anchored would leave the thread reading a string
+/// nothing keeps alive. The push notices and queues nothing.
+#[test]
+fn an_argument_changed_by_a_finalizer_during_the_push_is_refused() {
+    let n = start("16k");
+    for _ in 0..3 {
+        assert_eq!(
+            n.get("/changed").text(),
+            "ran in the push: nil an argument changed while it was pushed\nthen: b\n"
+        );
+    }
+    n.assert_clean_log();
 }
 
 /// Reloads and waits for the one new worker.

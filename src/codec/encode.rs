@@ -41,8 +41,14 @@ pub struct Borrow {
 enum Sink<'a> {
     /// Their spans, in the payload's order.
     Spans(&'a mut Vec<Span>),
-    /// The strings themselves, into `t[next..]` of the table at `table`.
-    Table { table: c_int, next: &'a Cell<c_int> },
+    /// The strings themselves, into `t[next..end]` of the table at
+    /// `table`, whose array part holds those indexes. One more stops the
+    /// walk: the values are not those encoded.
+    Table {
+        table: c_int,
+        next: &'a Cell<c_int>,
+        end: c_int,
+    },
 }
 
 /// Appends the payload of `n` values at `src` to `out`, their borrowed
@@ -87,19 +93,21 @@ pub unsafe fn write_values(
 }
 
 /// The error for a stack that cannot hold the values.
-pub(super) fn stack_overflow() -> CodecError {
+pub fn stack_overflow() -> CodecError {
     CodecError::Value("Lua stack overflow".into())
 }
 
 /// Stores the strings that `write_values` borrowed from the same values, in the
-/// same order, at `t[start..]` of the table at absolute index `table`,
-/// created with room for all of them in its array part; returns the index
-/// after the last. This is what keeps them alive (the caller anchors the
-/// table) while the payload refers to them.
+/// same order, at `t[start..end]` of the table at absolute index `table`,
+/// created with those indexes in its array part; returns the index after
+/// the last stored (`start` when the stack cannot hold the walk). This is
+/// what keeps them alive (the caller anchors the table) while the payload
+/// refers to them.
 ///
 /// # Safety
-/// As write_values, with the values unchanged since it ran and
-/// WALK_SLOTS free above the top (it reserved them).
+/// As write_values, with the values unchanged since it ran. The slots it
+/// reserved are reserved again: creating the table may have run a
+/// collector step, which shrinks stacks to what their frames use.
 pub unsafe fn anchor(
     l: *mut lua_State,
     src: Source,
@@ -107,12 +115,26 @@ pub unsafe fn anchor(
     borrow: Borrow,
     table: c_int,
     start: c_int,
+    end: c_int,
 ) -> c_int {
+    // SAFETY: forwarded from the caller, which may raise here.
+    if !unsafe { stack::reserve(l, WALK_SLOTS) } {
+        return start;
+    }
     let next = Cell::new(start);
-    let sink = Sink::Table { table, next: &next };
+    let sink = Sink::Table {
+        table,
+        next: &next,
+        end,
+    };
     // SAFETY: forwarded from the caller; the values encoded once already,
-    // and the walk does not raise, so the guard only ever meets a panic.
-    let _ = guard::catch(|| unsafe { encode_into(l, src, n, "", Some(borrow), None, sink) });
+    // and the walk does not raise, so the guard only ever meets a panic. A
+    // walk stopped at the end leaves what it pushed: the top is put back.
+    unsafe {
+        let top = ffi::lua_gettop(l);
+        let _ = guard::catch(|| encode_into(l, src, n, "", Some(borrow), None, sink));
+        ffi::lua_settop(l, top);
+    }
     next.get()
 }
 
@@ -296,7 +318,10 @@ impl Walk<'_> {
             Sink::Spans(spans) => u32::try_from(spans.len()).ok().inspect(|_| {
                 spans.push(Span::of(bytes));
             }),
-            Sink::Table { table, next } => {
+            Sink::Table { table, next, end } => {
+                if next.get() >= *end {
+                    return Err(Kind::Size.into());
+                }
                 s.store_in(*table, next.get());
                 next.set(next.get() + 1);
                 Some(0)

@@ -31,7 +31,7 @@ mod value;
 mod wire;
 
 pub use decode::{decode, error_text, reuse, Decoded};
-pub use encode::{anchor, write_values, Borrow, Source};
+pub use encode::{anchor, stack_overflow, write_values, Borrow, Source};
 pub use message::{lua_type_name, size_message};
 pub use value::{values, Value, Values};
 pub use wire::{

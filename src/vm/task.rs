@@ -256,13 +256,17 @@ unsafe fn pin(l: *mut lua_State, t: &mut Task, n: usize, borrowed: usize) {
         min: t.borrow.unwrap_or(0),
         nested: false,
     };
+    let end = borrowed as c_int + 1;
     // SAFETY: forwarded from the caller; the table has room for every
     // borrowed string in its array part (codec::anchor's contract), and
     // the collection may raise here, inside the protected call.
     unsafe {
         ffi::lua_createtable(l, borrowed as c_int, 0);
         let table = ffi::lua_gettop(l);
-        codec::anchor(l, Source::Stack(2), n, borrow, table, 1);
+        if codec::anchor(l, Source::Stack(2), n, borrow, table, 1, end) != end {
+            t.fail(codec::stack_overflow());
+            return;
+        }
         ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, t.refs.pins);
         ffi::lua_pushnumber(l, t.pin);
         ffi::lua_pushvalue(l, table);

@@ -358,7 +358,7 @@ fn borrowed_strings_cross_in_place() -> R {
 
     // anchor stores the same strings, in the same order, after what the
     // table already holds, and says where the next would go.
-    let list = anchored(&lua, &vals, nested)?;
+    let list = anchored(&lua, &vals, nested, 5)?;
     let strings: Vec<LuaString> = list.sequence_values().collect::<mlua::Result<_>>()?;
     assert_eq!(strings.len(), 3, "two anchored after the one already there");
     assert_eq!(strings[0].as_bytes().as_ref(), b"kept before");
@@ -386,7 +386,10 @@ fn borrowed_strings_cross_in_place() -> R {
     // SAFETY: `vals` keeps the span's string alive.
     let back = unsafe { decode_with(&lua, &out, &spans) }?;
     assert!(same(&lua, &back, &vals)?);
-    assert_eq!(anchored(&lua, &vals, top_level)?.raw_len(), 2);
+    assert_eq!(anchored(&lua, &vals, top_level, 5)?.raw_len(), 2);
+    // Values that borrow more than the room given (they changed since they
+    // were encoded): anchor stops at its end, and says so.
+    assert_eq!(anchored(&lua, &vals, nested, 3)?.raw_len(), 2);
 
     // Another ext type is refused.
     let other = [0x01, 0x81, 0x01, 0xd6, 0x02, 0, 0, 0, 0];
@@ -396,22 +399,22 @@ fn borrowed_strings_cross_in_place() -> R {
     Ok(())
 }
 
-/// A table holding "kept before", then what anchor stores there of the
-/// strings `vals` borrow; checks the index anchor returns.
-fn anchored(lua: &Lua, vals: &MultiValue, borrow: Borrow) -> mlua::Result<Table> {
+/// A table holding "kept before", then what anchor stores there, up to
+/// index `end` (exclusive), of the strings `vals` borrow; checks the
+/// index anchor returns.
+fn anchored(lua: &Lua, vals: &MultiValue, borrow: Borrow, end: c_int) -> mlua::Result<Table> {
     let n = vals.len();
     let mut next = 0;
     // SAFETY: exec_raw runs the closure protected, with the values at
-    // 1..=n and 3 slots checked above them (the table takes 2), unchanged
-    // since `write` encoded them; the table's array part has room for
-    // every string anchor stores (two at most, at 2 and 3).
+    // 1..=n, unchanged since `write` encoded them; the table's array part
+    // has room for every string anchor stores (before `end`, at most 5).
     let mut left = unsafe {
         lua.exec_raw::<MultiValue>(vals.clone(), |l| {
             ffi::lua_createtable(l, 4, 0);
             let table = ffi::lua_gettop(l);
             ffi::lua_pushstring(l, c"kept before".as_ptr());
             ffi::lua_rawseti_(l, table, 1);
-            next = anchor(l, Source::Stack(1), n, borrow, table, 2);
+            next = anchor(l, Source::Stack(1), n, borrow, table, 2, end);
         })
     }?;
     let Some(Value::Table(t)) = left.pop_back() else {
