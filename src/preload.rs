@@ -145,15 +145,21 @@ unsafe fn anchor(
             Values::Stack(at, n) => {
                 next = codec::anchor(l, Source::Stack(at), n, borrow, table, next, end);
             }
-            // each entry on top of the table while it is walked
+            // Each entry on top of the table while it is walked. The list
+            // may have changed too: an entry that is no table ends the walk
+            // short, and the push is refused.
             Values::List(list, counts) => {
                 if crate::lua::stack::reserve(l, 1) {
                     for (i, &n) in counts.iter().enumerate() {
                         lua::lua_rawgeti_(l, list, i as c_int + 1);
+                        if lua::lua_type(l, table + 1) != lua::LUA_TTABLE {
+                            break;
+                        }
                         let entry = Source::Array(table + 1);
                         next = codec::anchor(l, entry, n, borrow, table, next, end);
                         lua::lua_settop(l, table);
                     }
+                    lua::lua_settop(l, table);
                 }
             }
         }
