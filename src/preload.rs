@@ -99,8 +99,28 @@ unsafe fn int_arg(l: *mut lua_State, i: c_int) -> i64 {
     unsafe { lua::lua_tonumber(l, i) as i64 }
 }
 
+/// Whether the caller runs in lua-nginx-module's main VM, which outlives
+/// every task. Only it lends strings (a VM of its own per request, with
+/// `lua_code_cache off`, may close while a thread still reads them) and
+/// anchors them, so only it reaps: another VM would take the main VM's
+/// keys and let go of nothing.
+///
+/// # Safety
+/// As refused.
+unsafe fn lends(l: *mut lua_State) -> bool {
+    // SAFETY: forwarded: l is the running coroutine.
+    crate::conf::running_lua_vm().is_some_and(|vm| unsafe { vm.runs(l) })
+}
+
 /// Which strings of pool `pool`'s arguments are borrowed.
-fn borrow_of(pool: usize) -> Option<Borrow> {
+///
+/// # Safety
+/// As refused.
+unsafe fn borrow_of(l: *mut lua_State, pool: usize) -> Option<Borrow> {
+    // SAFETY: forwarded.
+    if !unsafe { lends(l) } {
+        return None;
+    }
     let min = crate::conf::running_pools().get(pool)?.settings.zero_copy?;
     Some(Borrow { min, nested: true })
 }
@@ -209,8 +229,15 @@ unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
 }
 
 /// `reap()`: lets go of the strings of tasks that ended after their
-/// caller stopped waiting or went away.
+/// caller stopped waiting or went away; each push reaps too, so that a
+/// busy worker lets go as it goes. Once the worker stopped there is
+/// nothing to reap, and the configuration is not read: at exit, the main
+/// VM's last collection runs this after the cycle's memory is gone.
 unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua on the event loop.
+    if with_worker(|w| w.tasks.has_reaped()) != Some(true) || !unsafe { lends(l) } {
+        return 0;
+    }
     let keys = guard::catch(|| with_worker(|w| w.tasks.take_reaped()))
         .ok()
         .flatten()
@@ -218,17 +245,6 @@ unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
     // SAFETY: on the caller's stack.
     unsafe { unanchor(l, &keys) };
     0
-}
-
-/// Reaps at each push, so that a busy worker lets go as it goes.
-///
-/// # Safety
-/// As refused.
-unsafe fn reap_pending(l: *mut lua_State) {
-    if with_worker(|w| w.tasks.has_reaped()) == Some(true) {
-        // SAFETY: forwarded.
-        unsafe { reap(l) };
-    }
 }
 
 /// `rc, task_or_err = push(pool, timeout_ms, ...)`: queues one task and
@@ -240,7 +256,7 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
     unsafe {
         let n = (lua::lua_gettop(l) - 2).max(0) as usize;
         let pool = int_arg(l, 1) as usize;
-        let borrow = borrow_of(pool);
+        let borrow = borrow_of(l, pool);
         let mut args = new_args();
         if let Err(e) = codec::write_values(
             l,
@@ -267,7 +283,7 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     unsafe {
         let pool = int_arg(l, 1) as usize;
         let count = int_arg(l, 4).max(0) as usize;
-        let borrow = borrow_of(pool);
+        let borrow = borrow_of(l, pool);
         lua::lua_settop(l, 4);
         let mut args = new_args();
         let mut counts = Vec::with_capacity(count);
@@ -332,7 +348,7 @@ unsafe fn queue(
 ) -> c_int {
     // SAFETY: forwarded.
     unsafe {
-        reap_pending(l);
+        reap(l);
         let ms = int_arg(l, 2).clamp(1, c_int::MAX as i64) as c_int;
         let r = request_of(l);
         let Some(anchor) = anchor(l, values, borrow, &args.spans) else {

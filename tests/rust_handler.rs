@@ -5,7 +5,8 @@
 //! and several results; typed argument errors, `Err` and panics as
 //! `nil, e`; the log crate's lines in error.log; cancellation within 1 ms;
 //! the queue bound and timeouts; stats() and metrics; shadow comparison
-//! Lua → Rust and Rust → Lua; a reload that loads a library renamed in.
+//! Lua → Rust and Rust → Lua; a reload that loads a library renamed in;
+//! strings of a request's own VM (`lua_code_cache off`) copied, not lent.
 
 mod common;
 
@@ -329,6 +330,94 @@ fn shadow_counts_are_exact_between_lua_and_rust_pools() {
         assert!(n.error_log().contains(&line), "{line}:\n{}", n.error_log());
     }
     n.assert_clean_log();
+}
+
+/// With `lua_code_cache off`, lua-nginx-module runs a request's Lua in a
+/// VM of its own and closes it with the request. /fresh runs so, /main in
+/// the main VM; both push 1 MiB strings ("late": read after `ms`) and
+/// give up after 1 ms; /main stops the main VM's collector, /mem restarts
+/// it, collects and gives the VM's size in KiB.
+const VMS: &str = r#"
+    lua_thread_pool r threads=1;
+    thread_pool_process_by_rust r LIB;
+    server {
+        listen 127.0.0.1:$PORT;
+        location /fresh {
+            lua_code_cache off;
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local s = string.rep("x", 1048576)
+                ngx.print(tp.r:push_task_timeout(0.001, "late", s, 100))
+            }
+        }
+        location /main {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                -- no cycle, so no reaping, before /mem
+                collectgarbage("stop")
+                for i = 1, 8 do
+                    local s = string.rep(string.char(96 + i), 1048576)
+                    assert(not tp.r:push_task_timeout(0.001, "late", s, 50))
+                end
+                ngx.print("gave up")
+            }
+        }
+        location /mem {
+            content_by_lua_block {
+                collectgarbage("restart")
+                collectgarbage()
+                collectgarbage()
+                ngx.print(math.floor(collectgarbage("count")))
+            }
+        }
+        location /stats {
+            content_by_lua_block {
+                local st = require("resty.threadpool").r:stats()
+                ngx.print(st.completed + st.cancelled)
+            }
+        }
+    }
+"#;
+
+/// Waits until pool r has completed or skipped `tasks` tasks.
+fn settled(n: &Nginx, tasks: u64) {
+    assert!(
+        eventually(Duration::from_secs(5), || n.get("/stats").text()
+            == tasks.to_string()),
+        "{}\n{}",
+        n.get("/stats").text(),
+        n.error_log()
+    );
+}
+
+/// A Rust handler reads its borrowed strings for as long as it runs; a VM
+/// closed with its request lends none: the handler reads its copy intact
+/// after the caller's VM is gone (lent, the worker crashed on the first).
+/// And such a VM does not take the reaping of the main VM's strings: they
+/// are let go of (else 8 MiB stayed anchored).
+#[test]
+fn strings_of_a_vm_closed_with_its_request_are_copied() {
+    let http = VMS.replace("LIB", &rust_fixture().v1.display().to_string());
+    let n = Nginx::start("", &http);
+    let worker = n.workers();
+    for i in 1..=3 {
+        assert_eq!(n.get("/fresh").text(), "niltimeout");
+        settled(&n, i);
+    }
+    assert_eq!(n.error_log().matches("late read: intact").count(), 3);
+    let base: u64 = n.get("/mem").text().parse().unwrap();
+    // the main VM's 8 strings, each anchored until its task ends
+    assert_eq!(n.get("/main").text(), "gave up");
+    settled(&n, 11);
+    // a push from a fresh VM before the main VM reaps
+    assert_eq!(n.get("/fresh").text(), "niltimeout");
+    settled(&n, 12);
+    let after: u64 = n.get("/mem").text().parse().unwrap();
+    assert!(after < base + 2048, "{base} KiB, then {after} KiB");
+    let log = n.error_log();
+    assert_eq!(n.workers(), worker, "{log}");
+    assert!(!log.contains("exited on signal"), "{log}");
+    assert!(!log.contains("late read: changed"), "{log}");
 }
 
 /// Sends HUP and waits for a new generation of workers.

@@ -109,7 +109,12 @@ impl Drop for Sema {
 /// lua-nginx-module's main Lua VM of one configuration (cycle), found
 /// while it is read and used once it is running.
 #[derive(Clone, Copy)]
-pub struct MainVm(NonNull<lua::lua_State>);
+pub struct MainVm {
+    state: NonNull<lua::lua_State>,
+    /// Its registry, which tells its coroutines from other VMs' (a table
+    /// stays where it was made, and a VM never replaces its registry).
+    registry: *const std::ffi::c_void,
+}
 
 impl MainVm {
     /// The VM of the configuration being read, from the lua module's
@@ -120,7 +125,21 @@ impl MainVm {
     pub fn of(cf: Conf) -> Option<MainVm> {
         // SAFETY: cf is a configuration being read whose http block has
         // the lua module's main conf (link() checked the module is there).
-        NonNull::new(unsafe { (lua_module().get_global_state)(cf.raw()) }).map(MainVm)
+        let state = NonNull::new(unsafe { (lua_module().get_global_state)(cf.raw()) })?;
+        // SAFETY: the lua module's main state, alive; reads no stack slot.
+        let registry = unsafe { lua::lua_topointer(state.as_ptr(), lua::LUA_REGISTRYINDEX) };
+        Some(MainVm { state, registry })
+    }
+
+    /// Whether `l` is one of this VM's coroutines. lua-nginx-module runs
+    /// Lua in other VMs too: with `lua_code_cache off`, each request gets
+    /// a VM of its own, closed with the request (ngx_http_lua_create_ctx).
+    ///
+    /// # Safety
+    /// `l` must be a live Lua state, on its thread.
+    pub unsafe fn runs(self, l: *mut lua::lua_State) -> bool {
+        // SAFETY: forwarded from the caller; reads no stack slot.
+        unsafe { lua::lua_topointer(l, lua::LUA_REGISTRYINDEX) == self.registry }
     }
 
     /// Its `package.path` and `package.cpath` now: as lua_package_path and
@@ -130,7 +149,7 @@ impl MainVm {
     /// # Safety
     /// Event-loop thread of the VM's cycle, with no Lua code running.
     pub unsafe fn package_paths(self) -> Option<(Vec<u8>, Vec<u8>)> {
-        let l = self.0.as_ptr();
+        let l = self.state.as_ptr();
         let field = |name: &CStr| -> Option<Vec<u8>> {
             // SAFETY: l is the lua module's main state, alive and idle (the
             // caller vouches); the stack is restored.
