@@ -23,7 +23,7 @@
 use crate::codec::{self, Borrow, Source, Span};
 use crate::ffi::{BAD_CONTEXT, DECLINED, ERROR, OK};
 use crate::ngx::guard;
-use crate::ngx::lua::request_of;
+use crate::ngx::lua::{in_init_worker, request_of};
 use crate::ngx::shim::{ErrOut, Request};
 use crate::worker::payload::{Args, Payload};
 use crate::worker::tasks::{Release, RequestTasks, TaskId};
@@ -35,7 +35,12 @@ use std::ffi::{c_int, CStr};
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
 /// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 8;
+pub const API_VERSION: c_int = 9;
+
+/// What init_worker_by_lua gets from a pool (`not_started` in the module
+/// table, for the shim's stats).
+const NOT_STARTED: &str =
+    "thread pools start after init_worker_by_lua: reach them from ngx.timer.at(0, ...)";
 
 const ANCHORS: c_int = lua::lua_upvalueindex(1);
 const N_KEY: c_int = lua::lua_upvalueindex(2);
@@ -59,7 +64,7 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     // LUA_MINSTACK free slots; it only pushes and sets fields (raising
     // only out of memory, before anything is made).
     unsafe {
-        lua::lua_createtable(l, 0, functions.len() as c_int + 1);
+        lua::lua_createtable(l, 0, functions.len() as c_int + 2);
         let module = lua::lua_gettop(l);
         lua::lua_createtable(l, 0, 0);
         lua::lua_pushlstring_(l, c"n".as_ptr(), 1);
@@ -71,6 +76,8 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         }
         lua::lua_pushinteger(l, API_VERSION as lua::lua_Integer);
         lua::lua_setfield(l, module, c"version".as_ptr());
+        lua::lua_pushlstring_(l, NOT_STARTED.as_ptr().cast(), NOT_STARTED.len());
+        lua::lua_setfield(l, module, c"not_started".as_ptr());
         lua::lua_settop(l, module);
     }
     1
@@ -464,6 +471,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
             }
             Ok(Some(Err(WorkerError::QueueFull))) => refused(l, DECLINED, "queue full"),
             Ok(Some(Err(e))) => refused(l, ERROR, &e.to_string()),
+            Ok(None) if in_init_worker(request_of(l)) => refused(l, ERROR, NOT_STARTED),
             Ok(None) => refused(l, ERROR, "not in a worker process with running pools"),
             Err(panic) => refused(l, ERROR, &format!("panic: {panic}")),
         }

@@ -421,6 +421,15 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         local tp = require "resty.threadpool"
         local ok, err = pcall(function() return tp.upper_pool:push_task("x") end)
         ngx.shared.results:set("init_worker", tostring(ok) .. " " .. tostring(err))
+        -- the pools start after init_worker_by_lua; a timer reaches them
+        local posted, perr = tp.upper_pool:post_task("x")
+        local stats, serr = tp.upper_pool:stats()
+        ngx.shared.results:set("init_worker_post", tostring(posted) .. " " .. tostring(perr)
+            .. "|" .. tostring(stats) .. " " .. tostring(serr))
+        assert(ngx.timer.at(0, function()
+            ngx.shared.results:set("timer_post", tostring(tp.upper_pool:post_task("x"))
+                .. " " .. tp.upper_pool:stats().threads)
+        end))
     }
     server {
         listen 127.0.0.1:$PORT;
@@ -448,7 +457,7 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
             }
         }
         location /init_worker {
-            content_by_lua_block { ngx.say(ngx.shared.results:get("init_worker")) }
+            content_by_lua_block { ngx.say(ngx.shared.results:get(ngx.var.arg_key or "init_worker")) }
         }
         location /works {
             content_by_lua_block {
@@ -469,6 +478,13 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         t.starts_with("false ") && t.contains("API disabled in the context of init_worker"),
         "{t}"
     );
+    let started =
+        "nil thread pools start after init_worker_by_lua: reach them from ngx.timer.at(0, ...)";
+    assert_eq!(
+        n.get("/init_worker?key=init_worker_post").text(),
+        format!("{started}|{started}\n")
+    );
+    assert_eq!(n.get("/init_worker?key=timer_post").text(), "true 1\n");
 
     assert_eq!(n.get("/header_filter").text(), "body\n");
     assert_eq!(n.get("/log").text(), "body\n");

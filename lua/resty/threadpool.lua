@@ -32,7 +32,7 @@ int ngx_threadpool_stats(int pool, uint64_t *out, size_t n);
 ]]
 
 -- The module's C functions on this VM's stack (src/preload.rs).
-local API_VERSION = 8
+local API_VERSION = 9
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -238,6 +238,9 @@ function Pool.stats(self)
     check_self(self, "stats")
     local n = C.ngx_threadpool_stats(self.id, stats_out, STATS_LEN)
     if n ~= STATS_LEN then
+        if get_phase() == "init_worker" then
+            return nil, core.not_started
+        end
         return nil, "no stats outside a worker process"
     end
     local t = new_tab(0, #COUNTERS + #SHADOW + 3)

@@ -38,17 +38,43 @@ pub unsafe fn request_of(l: *mut lua::lua_State) -> *mut sys::ngx_http_request_t
 /// lua-nginx-module's contexts (NGX_HTTP_LUA_CONTEXT_*) whose coroutines
 /// may wait here: rewrite, access, content and timer.
 const YIELDABLE: c_int = 0x0002 | 0x0004 | 0x0008 | 0x0080;
+/// NGX_HTTP_LUA_CONTEXT_INIT_WORKER.
+const INIT_WORKER: c_int = 0x0100;
+
+/// The lua module's context of the Lua handler running for `r` (0 when
+/// none).
+///
+/// # Safety
+/// `r` must be the request of the running Lua handler, or null.
+unsafe fn context(r: *mut sys::ngx_http_request_t) -> c_int {
+    if r.is_null() {
+        return 0;
+    }
+    let mut err = ptr::null();
+    // SAFETY: get_phase reads the lua module's request ctx of r.
+    unsafe { (lua_module().get_phase)(r, &mut err) }
+}
 
 /// Whether the Lua handler running for `r` may wait on a semaphore here
 /// (ngx.thread light threads share their request's context).
 ///
 /// # Safety
-/// `r` must be the request of the running Lua handler.
+/// As `context`.
 pub unsafe fn may_yield(r: *mut sys::ngx_http_request_t) -> bool {
-    let mut err = ptr::null();
-    // SAFETY: get_phase reads the lua module's request ctx of r.
-    let context = unsafe { (lua_module().get_phase)(r, &mut err) };
+    // SAFETY: forwarded.
+    let context = unsafe { context(r) };
     context > 0 && context & YIELDABLE != 0
+}
+
+/// Whether `r` is the request init_worker_by_lua runs in: before this
+/// module's pools start (module order puts them after the lua module's
+/// worker start, so that its changes to package.path reach them).
+///
+/// # Safety
+/// As `context`.
+pub unsafe fn in_init_worker(r: *mut sys::ngx_http_request_t) -> bool {
+    // SAFETY: forwarded.
+    unsafe { context(r) == INIT_WORKER }
 }
 
 /// A lua-nginx-module semaphore owned by this module, not by the Lua GC:
