@@ -1,6 +1,7 @@
 //! `tp.NAME:stats()`: this worker's counters and timings of a pool, after
 //! a known mix of tasks: returned, failed, refused (queue full), timed
-//! out and abandoned by their request.
+//! out and abandoned by their request; the wait of a batch's task counts
+//! the tasks before it.
 
 mod common;
 
@@ -44,6 +45,13 @@ const HTTP: &str = r#"
                 ngx.thread.wait(a)
                 ngx.thread.wait(b)
                 ngx.print(err)
+            }
+        }
+        location /batch {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local res = assert(tp.st:push_tasks({ { "sleep", 0.2 }, { "ok" } }))
+                ngx.print(res[2][2])
             }
         }
         location /abandon {
@@ -125,5 +133,20 @@ fn stats_encode_as_json() {
     let ngx = Nginx::start("thread_pool st threads=1;", HTTP);
     assert_eq!(ngx.get("/run?op=ok").text(), "ok");
     assert_eq!(ngx.get("/json").text(), "8 1e-05 +Inf true 1");
+    ngx.assert_clean_log();
+}
+
+/// A thread that runs a batch's tasks in turn: the second waited for the
+/// first (0.2 s), and says so in `wait`.
+#[test]
+fn a_batch_task_waits_for_the_tasks_before_it() {
+    let ngx = Nginx::start("thread_pool st threads=1;", HTTP);
+    assert_eq!(ngx.get("/batch").text(), "ok");
+    let stats = ngx.get("/stats").text();
+    assert!(
+        stats.contains("wait.count=2 wait.le1=2 wait.in(0.1,1]=1 ")
+            && stats.contains("run.count=2 run.le1=2 run.in(0.1,1]=1 "),
+        "{stats}"
+    );
     ngx.assert_clean_log();
 }

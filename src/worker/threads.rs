@@ -126,6 +126,10 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         if stopping.load(Ordering::Relaxed) {
             continue;
         }
+        // One clock read per task: the end of a task is when the next one
+        // of the job starts (a claim and a flag apart), and the job's
+        // first starts when the job is taken.
+        let mut now = Instant::now();
         while let Some(i) = job.claim() {
             PoolStats::sub(&stats.queued);
             let (args, spans) = (job.args.part(i), &job.args.spans[..]);
@@ -142,10 +146,14 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 }
                 continue;
             }
-            stats.wait.observe(job.queued_at.elapsed());
+            stats
+                .wait
+                .observe(now.saturating_duration_since(job.queued_at));
             PoolStats::add(&stats.busy);
-            let started = Instant::now();
-            watch.running.start(watch.epoch, job.task);
+            let started = now;
+            watch
+                .running
+                .start(started.duration_since(watch.epoch), job.task);
             debug(format_args!(
                 "task {:#x}.{i} started in thread pool \"{pool}\" thread #{index}",
                 job.task
@@ -192,7 +200,8 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
             result.failed = outcome != Outcome::Done;
             result.pinned = pin.map(|key| Pinned::new(key, unpin_tx.clone()));
             watch.running.finish();
-            stats.run.observe(started.elapsed());
+            now = Instant::now();
+            stats.run.observe(now - started);
             PoolStats::sub(&stats.busy);
             PoolStats::add(if result.failed {
                 &stats.errors

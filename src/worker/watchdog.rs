@@ -19,9 +19,9 @@ pub struct Running {
 }
 
 impl Running {
-    pub fn start(&self, epoch: Instant, task: u64) {
-        self.since_us
-            .store(epoch.elapsed().as_micros() as u64, Relaxed);
+    /// Task `task` started `since` after the worker's epoch.
+    pub fn start(&self, since: Duration, task: u64) {
+        self.since_us.store(since.as_micros() as u64, Relaxed);
         self.task.store(task, Relaxed);
     }
 
