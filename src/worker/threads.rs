@@ -232,6 +232,8 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     _ => {}
                 }
                 handler = build();
+                // the rebuild is the next task's wait, not its run
+                now = Instant::now();
             }
             handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
             if let Some(expected) = &job.expected {
