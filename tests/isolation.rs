@@ -2,7 +2,7 @@
 //! finalizers (during the task or during a later one) are logged and fail
 //! no task, error objects whose `__tostring` fails and running out of
 //! memory become `nil, err` for their caller, and the thread goes on
-//! serving.
+//! serving (its rebuilt state's time counted as the next task's wait).
 
 mod common;
 
@@ -138,6 +138,52 @@ fn an_error_object_whose_tostring_fails_is_named_by_its_type() {
     assert_eq!(call(&ngx, "bad tostring"), "nil error object is a table");
     assert_eq!(call(&ngx, "ping"), "ping nil");
     ngx.assert_clean_log();
+}
+
+/// The state rebuilt after a task ran out of memory (1.5 s here: its init
+/// chunk sleeps) counts in the wait of the task queued behind, not in its
+/// run.
+#[test]
+fn a_rebuild_counts_in_the_next_tasks_wait() {
+    let http = format!(
+        r#"
+    thread_pool_init_by_lua_block iso {{
+        local ffi = require "ffi"
+        ffi.cdef "int tp_test_poll(void *, unsigned long, int) asm(\"poll\");"
+        ffi.C.tp_test_poll(nil, 0, 1500)
+    }}
+    thread_pool_process_by_lua_block iso {{ {HANDLER} }}
+    server {{
+        listen 127.0.0.1:$PORT;
+        location / {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                if ngx.var.arg_warm then
+                    return ngx.print(tp.iso:push_task("ping"))
+                end
+                local before = tp.iso:stats()
+                local res = assert(tp.iso:push_tasks({{ {{ "oom" }}, {{ "ping" }} }}))
+                local s = tp.iso:stats()
+                -- bucket 7: (1 s, 10 s]
+                -- the oom task waits for nothing and runs for T; ping
+                -- waits T and the rebuild, and runs for next to nothing
+                local waited = s.wait.sum - before.wait.sum
+                local ran = s.run.sum - before.run.sum
+                ngx.print(res[1][2], " ", res[2][2], " ", waited - ran > 1.2)
+            }}
+        }}
+    }}"#
+    );
+    let mut ngx = Nginx::start_single(
+        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
+        Duration::from_secs(10),
+        "thread_pool iso threads=1;",
+        &http,
+    );
+    // the thread's first state is built (1.5 s) before the batch
+    assert_eq!(ngx.get("/?warm=1").text(), "ping");
+    assert_eq!(ngx.get("/").text(), "not enough memory ping true");
+    assert!(ngx.quit(Duration::from_secs(10)), "nginx did not quit");
 }
 
 #[test]
