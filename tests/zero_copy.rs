@@ -445,6 +445,8 @@ fn reload_and_quit_with_borrowed_strings_in_flight() {
     for i in 10..20 {
         assert_eq!(n.get(&format!("/hold?i={i}")).text(), "timeout\n");
     }
+    // the new configuration's main VM lends too
+    assert_eq!(borrowed(&n, 1).0, 20);
     assert!(n.quit(Duration::from_secs(10)), "nginx did not quit");
     assert_no_errors(&n);
 }
