@@ -102,7 +102,7 @@ pub unsafe fn main_conf<'a>(cycle: *mut sys::ngx_cycle_t) -> Option<&'a mut Main
 }
 
 /// The running configuration's main conf (None without an http block).
-fn running() -> Option<&'static MainConf> {
+pub fn running() -> Option<&'static MainConf> {
     // SAFETY: ngx_cycle is the running, configured cycle, whose main conf
     // lives as long as the process uses this configuration.
     unsafe { main_conf(sys::ngx_cycle) }.map(|c| &*c)
@@ -111,11 +111,6 @@ fn running() -> Option<&'static MainConf> {
 /// The pools of the running configuration (none without an http block).
 pub fn running_pools() -> &'static [PoolConf] {
     running().map_or(&[], |c| &c.pools)
-}
-
-/// lua-nginx-module's main VM in the running configuration.
-pub fn running_lua_vm() -> Option<crate::ngx::lua::MainVm> {
-    running()?.lua_vm
 }
 
 /// What a setter sets, carried in the command's `post` field.

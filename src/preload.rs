@@ -21,6 +21,7 @@
 //! by anchor key; 2, the string "n".
 
 use crate::codec::{self, Borrow, Source, Span};
+use crate::conf::MainConf;
 use crate::ffi::{BAD_CONTEXT, DECLINED, ERROR, OK};
 use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, request_of};
@@ -106,17 +107,17 @@ unsafe fn int_arg(l: *mut lua_State, i: c_int) -> i64 {
     unsafe { lua::lua_tonumber(l, i) as i64 }
 }
 
-/// Whether the caller runs in lua-nginx-module's main VM, which outlives
-/// every task. Only it lends strings (a VM of its own per request, with
-/// `lua_code_cache off`, may close while a thread still reads them) and
-/// anchors them, so only it reaps: another VM would take the main VM's
-/// keys and let go of nothing.
+/// The running configuration, when the caller runs in its
+/// lua-nginx-module main VM, which outlives every task. Only that VM lends
+/// strings (a VM of its own per request, with `lua_code_cache off`, may
+/// close while a thread still reads them) and anchors them, so only it
+/// reaps: another VM would take the main VM's keys and let go of nothing.
 ///
 /// # Safety
 /// As refused.
-unsafe fn lends(l: *mut lua_State) -> bool {
+unsafe fn lender(l: *mut lua_State) -> Option<&'static MainConf> {
     // SAFETY: forwarded: l is the running coroutine.
-    crate::conf::running_lua_vm().is_some_and(|vm| unsafe { vm.runs(l) })
+    crate::conf::running().filter(|c| c.lua_vm.is_some_and(|vm| unsafe { vm.runs(l) }))
 }
 
 /// Which strings of pool `pool`'s arguments are borrowed.
@@ -125,10 +126,7 @@ unsafe fn lends(l: *mut lua_State) -> bool {
 /// As refused.
 unsafe fn borrow_of(l: *mut lua_State, pool: usize) -> Option<Borrow> {
     // SAFETY: forwarded.
-    if !unsafe { lends(l) } {
-        return None;
-    }
-    let min = crate::conf::running_pools().get(pool)?.settings.zero_copy?;
+    let min = unsafe { lender(l) }?.pools.get(pool)?.settings.zero_copy?;
     Some(Borrow { min, nested: true })
 }
 
@@ -242,7 +240,7 @@ unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
 /// VM's last collection runs this after the cycle's memory is gone.
 unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua on the event loop.
-    if with_worker(|w| w.tasks.has_reaped()) != Some(true) || !unsafe { lends(l) } {
+    if with_worker(|w| w.tasks.has_reaped()) != Some(true) || unsafe { lender(l) }.is_none() {
         return 0;
     }
     let keys = guard::catch(|| with_worker(|w| w.tasks.take_reaped()))
