@@ -140,6 +140,17 @@ fn an_error_object_whose_tostring_fails_is_named_by_its_type() {
     ngx.assert_clean_log();
 }
 
+/// One nginx process (so that the limit is the pool thread's process's)
+/// with 1 GiB of address space, and pool iso of one thread.
+fn start_with_1_gib(http: &str) -> Nginx {
+    Nginx::start_single(
+        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
+        Duration::from_secs(10),
+        "thread_pool iso threads=1;",
+        http,
+    )
+}
+
 /// The state rebuilt after a task ran out of memory (1.5 s here: its init
 /// chunk sleeps) counts in the wait of the task queued behind, not in its
 /// run.
@@ -174,12 +185,7 @@ fn a_rebuild_counts_in_the_next_tasks_wait() {
         }}
     }}"#
     );
-    let mut ngx = Nginx::start_single(
-        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
-        Duration::from_secs(10),
-        "thread_pool iso threads=1;",
-        &http,
-    );
+    let mut ngx = start_with_1_gib(&http);
     // the thread's first state is built (1.5 s) before the batch
     assert_eq!(ngx.get("/?warm=1").text(), "ping");
     assert_eq!(ngx.get("/").text(), "not enough memory ping true");
@@ -188,13 +194,7 @@ fn a_rebuild_counts_in_the_next_tasks_wait() {
 
 #[test]
 fn running_out_of_memory_is_an_error_and_the_thread_recovers() {
-    // One process, so the limit is the pool thread's process's.
-    let mut ngx = Nginx::start_single(
-        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
-        Duration::from_secs(10),
-        "thread_pool iso threads=1;",
-        &http(),
-    );
+    let mut ngx = start_with_1_gib(&http());
     for _ in 0..2 {
         assert_eq!(call(&ngx, "oom"), "nil not enough memory");
         assert_eq!(call(&ngx, "ping"), "ping nil");
