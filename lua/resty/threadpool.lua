@@ -95,8 +95,8 @@ reap_at_next_cycle()
 
 local function bad_context(api)
     error(api .. ": API disabled in the context of " .. get_phase()
-          .. " (use it in rewrite, access, content or timer, "
-          .. "or an ngx.thread of those)", 3)
+          .. " (use it in rewrite, server_rewrite, access, content, "
+          .. "timer or ssl_certificate, or an ngx.thread of those)", 3)
 end
 
 -- What a push that queued nothing returns (or raises, out of context).

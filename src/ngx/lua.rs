@@ -36,8 +36,14 @@ pub unsafe fn request_of(l: *mut lua::lua_State) -> *mut sys::ngx_http_request_t
 }
 
 /// lua-nginx-module's contexts (NGX_HTTP_LUA_CONTEXT_*) whose coroutines
-/// may wait here: rewrite, access, content and timer.
-const YIELDABLE: c_int = 0x0002 | 0x0004 | 0x0008 | 0x0080;
+/// may wait here: rewrite, server_rewrite, access, content, timer and
+/// ssl_cert. Of the others where it lets them wait on its semaphores or in
+/// run_worker_thread (its NGX_HTTP_LUA_CONTEXT_YIELDABLE), Debian's nginx
+/// and OpenSSL cannot resume a handshake paused in ssl_client_hello
+/// (nginx fails it) or ssl_session_fetch (the lua module logs "missing
+/// async sess get cb support in OpenSSL"): ngx.sleep there fails alike,
+/// so a push there is refused with an error naming the context.
+const YIELDABLE: c_int = 0x0002 | 0x8000 | 0x0004 | 0x0008 | 0x0080 | 0x0400;
 /// NGX_HTTP_LUA_CONTEXT_INIT_WORKER.
 const INIT_WORKER: c_int = 0x0100;
 
