@@ -15,28 +15,20 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ beside the sources
 import rust_pool  # noqa: E402
+from cells import (HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS,  # noqa: E402
+                   SMALL_PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS)
 
 LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task",
          "tpb": "push_tasks ×64", "tpc": "push_task, copying",
          "tpp": "post_task", rust_pool.VARIANT: "push_task, Rust pool"}
-VARIANTS = ("inline", "rwt", "tp")
-HANDOFF_VARIANTS = VARIANTS + ("tpb",)
 COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange",
           "tpc": "tab:red", "tpb": "tab:green", rust_pool.VARIANT: "tab:purple"}
 # The variants of the latency and throughput plots.
 PLOTTED = VARIANTS + (rust_pool.VARIANT,)
-PAYLOADS = ("16", "1024", "65536", "1048576", "table")
-# Payloads of the zero-copy (tpc) and post_task (tpp) rows.
-LARGE_PAYLOADS = ("65536", "1048576")
-SMALL_PAYLOADS = ("16", "1024")
 PAYLOAD_LABEL = {"16": "16 B", "512": "512 B", "1024": "1 KiB", "65536": "64 KiB",
                  "1048576": "1 MiB", "table": "table (1,000 entries)"}
-HANDOFF_C = (1, 8, 64)
-THROUGHPUT_C = (1, 8, 32, 128)
 PLOTS = ("handoff_latency.png", "handoff_throughput.png", "handoff_cost.png",
          "hol_latency.png", "sort_throughput.png", "waf_cpu.png")
-# The WAF cell's variants (run.WAF_VARIANTS).
-WAF_VARIANTS = ("none", "inline", "tp", "rust")
 WAF_LABEL = {"none": "no scan (request table only)", "inline": "Lua + PCRE, inline",
              "tp": "Lua + PCRE, push_task", "rust": "Rust regex, push_task"}
 WAF_COLORS = {"none": "tab:gray", "inline": "tab:blue", "tp": "tab:orange", "rust": "tab:red"}

@@ -33,6 +33,8 @@ sys.dont_write_bytecode = True  # no __pycache__ beside the sources
 import procs  # noqa: E402
 import report  # noqa: E402
 import rust_pool  # noqa: E402
+from cells import (HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS,  # noqa: E402
+                   SMALL_PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS)
 from procs import free_port  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
@@ -48,23 +50,8 @@ WAF_RULES = REPO / "nginx-conf/waf_rules.lua"
 WAF_RUST_LIB = REPO / "target/release/libwaf_rust.so"
 WRK_WAF_SCRIPT = BENCH / "wrk_waf.lua"
 
-VARIANTS = ("inline", "rwt", "tp")
-# The hand-off section also runs push_tasks, 16 tasks per call; for large
-# strings push_task on a pool that copies them (tpc); for small ones
-# post_task (tpp); for those of rust_pool.PAYLOADS push_task on a Rust pool
-# (tpr).
-HANDOFF_VARIANTS = VARIANTS + ("tpb",)
-LARGE_PAYLOADS = ("65536", "1048576")
-SMALL_PAYLOADS = ("16", "1024")
-PAYLOADS = ("16", "1024", "65536", "1048576", "table")
-HANDOFF_C = (1, 8, 64)
-THROUGHPUT_C = (1, 8, 32, 128)
 MEMORY_THREADS = (0, 1, 4, 16)
 SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf")
-# The WAF cell's variants: none builds the request table and scans nothing
-# (the cost around the scan), inline is the Lua WAF on the event loop, tp
-# the Lua WAF in a pool, rust the Rust WAF in a pool.
-WAF_VARIANTS = ("none", "inline", "tp", "rust")
 WAF_C = 8
 # The WAF cell's requests, sent in turn: (method, path and query, headers,
 # body); benign and malicious as in the test corpus (tests/waf_corpus/).

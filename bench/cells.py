@@ -1,0 +1,20 @@
+"""The cells of make bench, shared by run.py (which runs them) and
+report.py (which renders them): variants, payloads and concurrencies."""
+
+VARIANTS = ("inline", "rwt", "tp")
+# The hand-off section also runs push_tasks, 16 tasks per call; for large
+# strings push_task on a pool that copies them (tpc); for small ones
+# post_task (tpp); for those of rust_pool.PAYLOADS push_task on a Rust pool
+# (tpr).
+HANDOFF_VARIANTS = VARIANTS + ("tpb",)
+PAYLOADS = ("16", "1024", "65536", "1048576", "table")
+# Payloads of the zero-copy (tpc) and post_task (tpp) rows.
+LARGE_PAYLOADS = ("65536", "1048576")
+SMALL_PAYLOADS = ("16", "1024")
+HANDOFF_C = (1, 8, 64)
+THROUGHPUT_C = (1, 8, 32, 128)
+# The WAF cell's variants: none builds the request table and scans nothing
+# (the cost around the scan), inline is the Lua WAF on the event loop, tp
+# the Lua WAF in a pool, rust the Rust WAF in a pool.
+WAF_VARIANTS = ("none", "inline", "tp", "rust")
+
