@@ -331,12 +331,9 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     }
 }
 
-/// A buffer for arguments, from the worker's spares.
+/// Arguments to encode a push in, from the worker's spares.
 fn new_args() -> Args {
-    Args {
-        bytes: with_worker(|w| w.tasks.buffer()).unwrap_or_default(),
-        ..Args::default()
-    }
+    with_worker(|w| w.tasks.args()).unwrap_or_default()
 }
 
 /// What push and push_batch share: anchors the borrowed strings, queues

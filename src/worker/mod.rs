@@ -32,11 +32,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tasks::{Release, RequestTasks, TaskId, Tasks, POSTED};
 use threads::{thread_main, THREAD_STACK_SIZE};
-use work::{Job, Work};
+use work::Job;
 
 struct Pool {
     name: String,
-    /// The bound on queued tasks, counted by `stats.queued` rather than
+    /// The bound on queued tasks, counted by `stats` (`reserve`) rather than
     /// given to `bounded()`, which would preallocate and touch every slot
     /// (2.5 MiB per pool and worker for nginx's default max_queue of
     /// 65536) and count a batch as one. The event loop and the threads of
@@ -46,6 +46,8 @@ struct Pool {
     jobs: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
     stats: &'static PoolStats,
+    /// `stats.taken` as last read (see PoolStats::reserve).
+    taken: u64,
 }
 
 /// The worker's state; lives on the event-loop thread only.
@@ -180,6 +182,7 @@ impl Worker {
                 jobs: Some(tx),
                 threads: handles,
                 stats,
+                taken: 0,
             });
         }
         let watchdog = if watched.is_empty() {
@@ -242,11 +245,13 @@ impl Worker {
             self.drain();
         }
         let index = pool;
-        let pool = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
+        let pool = self.pools.get_mut(pool).ok_or(WorkerError::NoSuchPool)?;
         let jobs = pool.jobs.as_ref().ok_or(WorkerError::Stopped)?;
         let n = args.count() as u64;
-        let queued = &pool.stats.queued;
-        if !pool.stats.reserve(n, pool.max_queue as u64) {
+        if !pool
+            .stats
+            .reserve(n, pool.max_queue as u64, &mut pool.taken)
+        {
             pool.stats.rejected.fetch_add(n, Ordering::Relaxed);
             return Err(WorkerError::QueueFull);
         }
@@ -256,20 +261,20 @@ impl Worker {
             Some(owner) => match unsafe { self.tasks.start(owner, index, anchor) } {
                 Ok(task) => task,
                 Err(e) => {
-                    queued.fetch_sub(n, Ordering::Relaxed);
+                    pool.stats.unreserve(n);
                     return Err(e);
                 }
             },
             None => POSTED,
         };
-        let work = Work::new(task, index, args, || self.tasks.result_buffer(index));
+        let work = self.tasks.work(task, index, args);
         if task != POSTED {
             self.tasks.set_work(task, work.clone());
         }
         // As many threads as there are tasks share them (work.rs).
         for _ in 0..pool.threads.len().min(work.count()) {
             if jobs.send(work.clone()).is_err() {
-                queued.fetch_sub(n, Ordering::Relaxed);
+                pool.stats.unreserve(n);
                 if task != POSTED {
                     // Every thread is gone: abandon, then complete, which
                     // frees the record at once.

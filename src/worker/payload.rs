@@ -19,6 +19,13 @@ pub struct Args {
 }
 
 impl Args {
+    /// Empty, its allocations kept for the next push.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.spans.clear();
+        self.ends.clear();
+    }
+
     /// The number of tasks.
     pub fn count(&self) -> usize {
         self.ends.len()

@@ -42,7 +42,7 @@ pub struct Shadow {
     jobs: Sender<Job>,
     /// SHADOW's index among the worker's pools.
     index: usize,
-    /// SHADOW's counters, whose `queued` bounds its queue.
+    /// SHADOW's counters, whose `admitted` and `taken` bound its queue.
     queue: &'static PoolStats,
     max_queue: usize,
 }
@@ -82,7 +82,8 @@ impl Shadow {
         if !self.sample.take() {
             return;
         }
-        if !self.queue.reserve(1, self.max_queue as u64) {
+        let mut taken = self.queue.taken.load(Relaxed);
+        if !self.queue.reserve(1, self.max_queue as u64, &mut taken) {
             PoolStats::add(&self.pair.counts.shadow_skipped);
             return;
         }
@@ -100,7 +101,7 @@ impl Shadow {
             .is_err()
         {
             // SHADOW's threads are gone: the worker is exiting.
-            PoolStats::sub(&self.queue.queued);
+            self.queue.unreserve(1);
             PoolStats::add(&self.pair.counts.shadow_skipped);
             return;
         }

@@ -41,25 +41,28 @@ impl Histogram {
     }
 }
 
+/// Keeps the counters on either side of it off each other's cache lines,
+/// whatever the alignment of the memory they are in.
+#[repr(C)]
+#[derive(Default)]
+struct Apart([u64; 8]);
+
+/// The counters of a pool. Those the pool threads write per task and
+/// those the event loop writes per push are kept apart: on shared cache
+/// lines, every push fetched back the line the threads had just written.
 #[repr(C)]
 #[derive(Default)]
 pub struct PoolStats {
     pub threads: AtomicU64,
     /// Threads running a task now.
     pub busy: AtomicU64,
-    /// Tasks waiting in the queue now.
-    pub queued: AtomicU64,
-    pub pushed: AtomicU64,
+    /// Tasks taken from the queue by a thread (run or skipped); `queued`
+    /// is `admitted` minus this.
+    pub taken: AtomicU64,
     /// Tasks whose handler returned.
     pub completed: AtomicU64,
     /// Tasks whose handler failed (an error, out of memory).
     pub errors: AtomicU64,
-    /// Pushes refused because the queue was full.
-    pub rejected: AtomicU64,
-    /// Tasks whose caller stopped waiting (push_task's timeout).
-    pub timed_out: AtomicU64,
-    /// Tasks whose request went away before they finished.
-    pub abandoned: AtomicU64,
     /// Tasks not run: their caller gave up (timed out, went away) before
     /// a thread took them.
     pub cancelled: AtomicU64,
@@ -73,6 +76,18 @@ pub struct PoolStats {
     pub shadow_compared: AtomicU64,
     pub shadow_mismatched: AtomicU64,
     pub shadow_skipped: AtomicU64,
+    _threads_side: Apart,
+    /// Places ever taken in the queue (see `reserve`), by the event loop's
+    /// pushes and by the threads of pools this one shadows.
+    pub admitted: AtomicU64,
+    pub pushed: AtomicU64,
+    /// Pushes refused because the queue was full.
+    pub rejected: AtomicU64,
+    /// Tasks whose caller stopped waiting (push_task's timeout).
+    pub timed_out: AtomicU64,
+    /// Tasks whose request went away before they finished.
+    pub abandoned: AtomicU64,
+    _event_loop_side: Apart,
 }
 
 /// Names of PoolStats' counters, in `write`'s order.
@@ -102,14 +117,9 @@ impl PoolStats {
     /// Every number back to 0 (a worker that starts in a slot of the
     /// shared table).
     pub fn reset(&self) {
-        let mut all = vec![&self.threads, &self.busy, &self.queued, &self.pushed];
-        all.extend([
-            &self.completed,
-            &self.errors,
-            &self.rejected,
-            &self.timed_out,
-        ]);
-        all.extend([&self.abandoned, &self.cancelled]);
+        let mut all = vec![&self.threads, &self.busy, &self.taken, &self.completed];
+        all.extend([&self.errors, &self.cancelled, &self.admitted, &self.pushed]);
+        all.extend([&self.rejected, &self.timed_out, &self.abandoned]);
         all.extend(self.shadow_counters());
         for h in [&self.wait, &self.run] {
             all.extend(h.buckets.iter());
@@ -122,11 +132,35 @@ impl PoolStats {
 
     /// Takes `n` places in the pool's queue of `max`: false, taking none,
     /// when they are not all free. The event loop's pushes and POOL
-    /// threads' shadow tasks take them alike (the count is shared).
-    pub fn reserve(&self, n: u64, max: u64) -> bool {
-        self.queued
-            .fetch_update(Relaxed, Relaxed, |q| (q + n <= max).then_some(q + n))
-            .is_ok()
+    /// threads' shadow tasks take them alike. `taken` is what the caller
+    /// last read of `self.taken`: it only grows, so an old value counts
+    /// more tasks queued than there are, and is read again only when the
+    /// queue looks full (the event loop's pushes then touch no line the
+    /// threads write).
+    pub fn reserve(&self, n: u64, max: u64, taken: &mut u64) -> bool {
+        let admit = |taken: u64| {
+            self.admitted
+                .fetch_update(Relaxed, Relaxed, |a| {
+                    (a.saturating_sub(taken) + n <= max).then_some(a + n)
+                })
+                .is_ok()
+        };
+        if admit(*taken) {
+            return true;
+        }
+        *taken = self.taken.load(Relaxed);
+        admit(*taken)
+    }
+
+    /// Gives back places `reserve` took for tasks that were not queued.
+    pub fn unreserve(&self, n: u64) {
+        self.admitted.fetch_sub(n, Relaxed);
+    }
+
+    /// Tasks waiting in the queue now.
+    fn queued(&self) -> u64 {
+        let taken = self.taken.load(Relaxed);
+        self.admitted.load(Relaxed).saturating_sub(taken)
     }
 
     pub fn add(counter: &AtomicU64) {
@@ -150,10 +184,9 @@ impl PoolStats {
     /// then the wait and run histograms (bucket counts, then the sum in
     /// µs), then the shadow counters.
     pub fn write(&self, out: &mut Vec<u64>) {
+        let [threads, busy] = [&self.threads, &self.busy].map(|c| c.load(Relaxed));
+        out.extend([threads, busy, self.queued()]);
         for c in [
-            &self.threads,
-            &self.busy,
-            &self.queued,
             &self.pushed,
             &self.completed,
             &self.errors,

@@ -6,7 +6,7 @@
 //! only marked, and the completion that arrives later frees it. The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
-use super::payload::Payload;
+use super::payload::{Args, Payload};
 use super::stats::PoolStats;
 use super::work::{Job, Work};
 use super::{with_worker, WorkerError};
@@ -94,6 +94,11 @@ pub struct Tasks {
     /// Payload buffers kept for reuse: arguments are encoded in them and
     /// results written in them (work.rs), so steady state allocates none.
     spare: Vec<Vec<u8>>,
+    /// Pushes that came back, and their lists of argument parts and of
+    /// results, kept for reuse in the same way (buffers go to `spare`).
+    spare_works: Vec<Job>,
+    spare_args: Vec<Args>,
+    spare_lists: Vec<Vec<Payload>>,
     /// By pool: whether the last push of it that came back had a result
     /// too large to keep. Its pushes then take no spares for their
     /// results: a pool thread that grows one reallocates it in the event
@@ -118,6 +123,9 @@ pub enum Release {
     NotWaiting,
 }
 
+/// How many of each kind of spare are kept.
+const SPARES: usize = 256;
+
 /// Whether a buffer is small enough to keep as a spare.
 fn kept_size(buf: &Vec<u8>) -> bool {
     buf.capacity() <= KEEP
@@ -137,6 +145,22 @@ impl Tasks {
         self.spare.pop().unwrap_or_default()
     }
 
+    /// Arguments for a new push to be encoded in.
+    pub fn args(&mut self) -> Args {
+        let mut args = self.spare_args.pop().unwrap_or_default();
+        args.bytes = self.buffer();
+        args
+    }
+
+    /// The push of the tasks of `args` for record `task` and pool `pool`,
+    /// its results written in spares (see `result_buffer`).
+    pub fn work(&mut self, task: TaskId, pool: usize, args: Args) -> Job {
+        let (spare, list) = (self.spare_works.pop(), self.spare_lists.pop());
+        Work::new(spare, task, pool, args, list.unwrap_or_default(), || {
+            self.result_buffer(pool)
+        })
+    }
+
     /// A buffer for a result of pool `pool` to be written in: a spare,
     /// unless the pool's results outgrow them.
     pub fn result_buffer(&mut self, pool: usize) -> Vec<u8> {
@@ -150,14 +174,17 @@ impl Tasks {
     /// Keeps the results' buffers for reuse (small ones only: a 1 MiB
     /// payload should not pin 1 MiB per spare) and drops the rest, which
     /// lets go of a thread's pins on borrowed results.
-    pub fn recycle(&mut self, results: Vec<Payload>) {
-        for p in results {
+    pub fn recycle(&mut self, mut results: Vec<Payload>) {
+        for p in results.drain(..) {
             self.keep(p.bytes);
+        }
+        if self.spare_lists.len() < SPARES {
+            self.spare_lists.push(results);
         }
     }
 
     fn keep(&mut self, mut buf: Vec<u8>) {
-        if kept_size(&buf) && self.spare.len() < 256 {
+        if kept_size(&buf) && self.spare.len() < SPARES {
             buf.clear();
             self.spare.push(buf);
         }
@@ -229,16 +256,27 @@ impl Tasks {
         self.slot(id).and_then(|s| s.sema.as_ref())
     }
 
-    /// The results of a push that came back, in task order; its
-    /// arguments' buffer is kept for reuse.
+    /// The results of a push that came back, in task order; the push, its
+    /// arguments' buffer and list are kept for reuse.
     pub fn reclaim(&mut self, work: Job) -> Vec<Payload> {
         let pool = work.pool;
-        let (results, args) = Work::take(work);
+        let (results, spare) = Work::take(work);
         if let Some(large) = self.large_results.get_mut(pool) {
             *large = results.iter().any(|p| !kept_size(&p.bytes));
         }
-        if let Some(args) = args {
-            self.keep(args);
+        if let Some((mut args, work)) = spare {
+            // Buffers cross over: this one is kept before the results'
+            // (recycle), so the next push encodes its arguments in a
+            // result the event loop has just read, and a thread writes
+            // its result in arguments a thread has just read.
+            self.keep(std::mem::take(&mut args.bytes));
+            if self.spare_args.len() < SPARES {
+                args.clear();
+                self.spare_args.push(args);
+            }
+            if self.spare_works.len() < SPARES {
+                self.spare_works.push(work);
+            }
         }
         results
     }
@@ -412,6 +450,9 @@ impl Tasks {
         self.slots.clear();
         self.free.clear();
         self.spare.clear();
+        self.spare_works.clear();
+        self.spare_args.clear();
+        self.spare_lists.clear();
         self.reaped.clear();
     }
 }
@@ -429,7 +470,7 @@ mod tests {
             ..Args::default()
         };
         args.end_part();
-        let work = Work::new(POSTED, 0, args, || tasks.result_buffer(0));
+        let work = tasks.work(POSTED, 0, args);
         let mut bytes = work.result_buffer(0);
         bytes.resize(len, 0);
         work.finish(

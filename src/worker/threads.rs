@@ -131,7 +131,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         // first starts when the job is taken.
         let mut now = Instant::now();
         while let Some(i) = job.claim() {
-            PoolStats::sub(&stats.queued);
+            PoolStats::add(&stats.taken);
             let (args, spans) = (job.args.part(i), &job.args.spans[..]);
             handled += args.len() + job.args.borrowed_per_task();
             if job.cancelled().is_cancelled() {

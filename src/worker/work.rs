@@ -54,15 +54,42 @@ const RESULT_CAPACITY: usize = 256;
 pub type Job = Arc<Work>;
 
 impl Work {
-    /// A push whose results are written in buffers from `buffer`.
-    pub fn new(task: TaskId, pool: usize, args: Args, buffer: impl FnMut() -> Vec<u8>) -> Job {
-        Arc::new(Work::with(task, pool, args, None, buffer))
+    /// A push whose results are written in buffers from `buffer`, listed
+    /// in `results` (emptied first). `spare`, a push that came back and
+    /// that no thread holds (see `take`), is reused: a push in steady state
+    /// allocates nothing.
+    pub fn new(
+        spare: Option<Job>,
+        task: TaskId,
+        pool: usize,
+        args: Args,
+        results: Vec<Payload>,
+        buffer: impl FnMut() -> Vec<u8>,
+    ) -> Job {
+        let work = Work::with(task, pool, args, None, results, buffer);
+        match spare {
+            Some(mut job) => match Arc::get_mut(&mut job) {
+                Some(w) => {
+                    *w = work;
+                    job
+                }
+                None => Arc::new(work),
+            },
+            None => Arc::new(work),
+        }
     }
 
     /// A shadow task: `args` (one task) run again on the shadow pool, to
     /// compare with `expected`; nobody takes its result.
     pub fn shadowing(pool: usize, args: Args, expected: Expected) -> Job {
-        Arc::new(Work::with(POSTED, pool, args, Some(expected), Vec::new))
+        Arc::new(Work::with(
+            POSTED,
+            pool,
+            args,
+            Some(expected),
+            Vec::new(),
+            Vec::new,
+        ))
     }
 
     fn with(
@@ -70,15 +97,15 @@ impl Work {
         pool: usize,
         args: Args,
         expected: Option<Expected>,
+        mut results: Vec<Payload>,
         mut buffer: impl FnMut() -> Vec<u8>,
     ) -> Work {
         let n = args.count();
-        let results = (0..n)
-            .map(|_| Payload {
-                bytes: buffer(),
-                ..Payload::default()
-            })
-            .collect();
+        results.clear();
+        results.extend((0..n).map(|_| Payload {
+            bytes: buffer(),
+            ..Payload::default()
+        }));
         Work {
             task,
             pool,
@@ -128,11 +155,18 @@ impl Work {
         self.left.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
-    /// The results, in task order, and the arguments' buffer if no pool
-    /// thread holds the push any more (the completion's receiver only).
-    pub fn take(work: Job) -> (Vec<Payload>, Option<Vec<u8>>) {
-        let results = std::mem::take(&mut *work.lock());
-        (results, Arc::into_inner(work).map(|w| w.args.bytes))
+    /// The results, in task order, and, if no pool thread holds the push
+    /// any more, its arguments and the push itself, for reuse (the
+    /// completion's receiver only).
+    pub fn take(mut work: Job) -> (Vec<Payload>, Option<(Args, Job)>) {
+        let Some(w) = Arc::get_mut(&mut work) else {
+            return (std::mem::take(&mut *work.lock()), None);
+        };
+        // no thread holds it: no lock to take
+        let results = std::mem::take(w.results.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let args = std::mem::take(&mut w.args);
+        w.expected = None;
+        (results, Some((args, work)))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Payload>> {
@@ -147,8 +181,8 @@ mod tests {
     use super::*;
 
     /// A push's buffers come back to the event loop for reuse: a result is
-    /// written in the buffer the push supplied, and the arguments' buffer
-    /// is handed back once no pool thread holds the push.
+    /// written in the buffer the push supplied, and the arguments and the
+    /// push itself are handed back once no pool thread holds it.
     #[test]
     fn buffers_go_round() {
         let mut args = Args {
@@ -160,7 +194,9 @@ mod tests {
         let args_at = args.bytes.as_ptr();
         let mut supplied = Some(Vec::with_capacity(512));
         let supplied_at = supplied.as_ref().map(|b| b.as_ptr());
-        let job = Work::new(1, 0, args, || supplied.take().unwrap_or_default());
+        let job = Work::new(None, 1, 0, args, Vec::new(), || {
+            supplied.take().unwrap_or_default()
+        });
         let shared = job.clone();
         std::thread::spawn(move || {
             let i = shared.claim().expect("one task");
@@ -174,9 +210,13 @@ mod tests {
         })
         .join()
         .expect("the pool thread");
-        let (results, args) = Work::take(job);
+        let (results, spare) = Work::take(job);
         assert_eq!(results[0].bytes, [0xc3]);
         assert_eq!(Some(results[0].bytes.as_ptr()), supplied_at, "result");
-        assert_eq!(args.map(|a| a.as_ptr()), Some(args_at), "arguments");
+        let (args, job) = spare.expect("no thread holds the push");
+        assert_eq!(args.bytes.as_ptr(), args_at, "arguments");
+        let job_at = Arc::as_ptr(&job);
+        let again = Work::new(Some(job), 2, 0, args, results, Vec::new);
+        assert_eq!(Arc::as_ptr(&again), job_at, "the push itself");
     }
 }
