@@ -10,8 +10,10 @@ bench/nginx.conf.tmpl; then runs every hand-off cell of make bench that
 both trees have, but inline, in rounds, the two trees alternating cell by
 cell. run_worker_thread is the control: the module does not touch it, so
 its ratios show the noise. Prints per cell and figure both medians with
-their [min–max] and the ratio working tree / BASE; the rounds' figures go
-to bench/out/compare.json.
+their [min–max], the ratio working tree / BASE of the medians and the
+median of the rounds' ratios ("paired"), then the paired ratios' median
+and range over the module's cells and over run_worker_thread's; the
+rounds' figures go to bench/out/compare.json.
 
   ROUNDS=5 (default) rounds; QUICK=1 runs 200 ms cells instead of 1 s.
 """
@@ -82,22 +84,46 @@ def common_cells(ngs, cells, plan):
     return [(v, c, p) for v, c, p in cells if answered[v, p]]
 
 
+def paired(rounds, key, k):
+    """The median of the rounds' ratios working tree / BASE of figure k in
+    cell `key`: the trees ran the cell one after the other in each round,
+    so a machine whose load moves from round to round moves this less
+    than the ratio of the medians."""
+    return report.median(report.ratio(w[k], b[k])
+                         for b, w in zip(rounds["base"][key], rounds["work"][key]))
+
+
+def spread(ratios):
+    """The median and [min–max] of some ratios."""
+    xs = [x for x in ratios if x is not None]
+    if not xs:
+        return "–"
+    return f"{report.f_ratio(report.median(xs))} [{min(xs):.2f}–{max(xs):.2f}]"
+
+
 def tables(cells, rounds):
-    """One table per shown figure: each cell's medians [min–max] and ratio."""
+    """One table per shown figure: each cell's medians [min–max], their
+    ratio and the paired one; then the paired ratios over the module's
+    cells and over run_worker_thread's, which the module does not touch
+    (the noise)."""
     out = []
     for k, what in SHOWN.items():
-        rows = []
+        rows, by_kind = [], {"module": [], "rwt": []}
         for v, c, p in cells:
             key = f"{v}|{c}|{p}"
             base, work = (report.medians(rounds[t][key]) for t in TREES)
+            pair = paired(rounds, key, k)
+            by_kind["rwt" if v == "rwt" else "module"].append(pair)
             rows.append([f"{LABEL[v]}, {PAYLOAD_LABEL[p]}, C={c}",
                          report.f_spread(base, k), report.f_spread(work, k),
-                         report.f_ratio(report.ratio(work[k], base[k]))])
+                         report.f_ratio(report.ratio(work[k], base[k])),
+                         report.f_ratio(pair)])
         out.append(f"### {what}\n\n"
-                   + report.table(["cell", "BASE", "working tree", "working tree / BASE"],
-                                  rows))
+                   + report.table(["cell", "BASE", "working tree", "working tree / BASE",
+                                   "paired"], rows)
+                   + f"\nPaired ratios: the module's cells {spread(by_kind['module'])}, "
+                   f"run_worker_thread's {spread(by_kind['rwt'])}.\n")
     return "\n".join(out)
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
