@@ -29,10 +29,11 @@ import time
 import urllib.error
 
 sys.dont_write_bytecode = True  # no __pycache__ beside the sources
-import report  # noqa: E402
+import figures  # noqa: E402
 import run  # noqa: E402
-from report import LABEL, PAYLOAD_LABEL  # noqa: E402
-from run import OUT, REPO, handoff_cell, handoff_nginx, log, rotated  # noqa: E402
+from figures import LABEL, PAYLOAD_LABEL  # noqa: E402
+from harness import MODULE, OUT, REPO, log  # noqa: E402
+from run import handoff_cell, handoff_nginx, rotated  # noqa: E402
 
 BASE_SRC = REPO / "target/bench-base-src"
 BASE_TARGET = REPO / "target/bench-base"
@@ -89,7 +90,7 @@ def paired(rounds, key, k):
     cell `key`: the trees ran the cell one after the other in each round,
     so a machine whose load moves from round to round moves this less
     than the ratio of the medians."""
-    return report.median(report.ratio(w[k], b[k])
+    return figures.median(figures.ratio(w[k], b[k])
                          for b, w in zip(rounds["base"][key], rounds["work"][key]))
 
 
@@ -98,7 +99,7 @@ def spread(ratios):
     xs = [x for x in ratios if x is not None]
     if not xs:
         return "–"
-    return f"{report.f_ratio(report.median(xs))} [{min(xs):.2f}–{max(xs):.2f}]"
+    return f"{figures.f_ratio(figures.median(xs))} [{min(xs):.2f}–{max(xs):.2f}]"
 
 
 def tables(cells, rounds):
@@ -111,15 +112,15 @@ def tables(cells, rounds):
         rows, by_kind = [], {"module": [], "rwt": []}
         for v, c, p in cells:
             key = f"{v}|{c}|{p}"
-            base, work = (report.medians(rounds[t][key]) for t in TREES)
+            base, work = (figures.medians(rounds[t][key]) for t in TREES)
             pair = paired(rounds, key, k)
             by_kind["rwt" if v == "rwt" else "module"].append(pair)
             rows.append([f"{LABEL[v]}, {PAYLOAD_LABEL[p]}, C={c}",
-                         report.f_spread(base, k), report.f_spread(work, k),
-                         report.f_ratio(report.ratio(work[k], base[k])),
-                         report.f_ratio(pair)])
+                         figures.f_spread(base, k), figures.f_spread(work, k),
+                         figures.f_ratio(figures.ratio(work[k], base[k])),
+                         figures.f_ratio(pair)])
         out.append(f"### {what}\n\n"
-                   + report.table(["cell", "BASE", "working tree", "working tree / BASE",
+                   + figures.table(["cell", "BASE", "working tree", "working tree / BASE",
                                    "paired"], rows)
                    + f"\nPaired ratios: the module's cells {spread(by_kind['module'])}, "
                    f"run_worker_thread's {spread(by_kind['rwt'])}.\n")
@@ -133,8 +134,8 @@ def main():
                     default=os.environ.get("QUICK", "") not in ("", "0"),
                     help="200 ms cells (also QUICK=1)")
     args = ap.parse_args()
-    if not run.MODULE.exists():
-        sys.exit(f"{run.MODULE} missing: run `make build` first")
+    if not MODULE.exists():
+        sys.exit(f"{MODULE} missing: run `make build` first")
     plan = run.PLANS["quick" if args.quick else "full"]
     commit = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     work = git("describe", "--always", "--dirty")
@@ -158,7 +159,7 @@ def main():
                 key = f"{v}|{c}|{p}"
                 for t in rotated(TREES, rnd + i):
                     r = handoff_cell(ngs[t][v], v, c, p, plan["handoff_ms"])
-                    rounds[t].setdefault(key, []).append(report.per_task(r))
+                    rounds[t].setdefault(key, []).append(figures.per_task(r))
                     if r["failed"]:
                         failed[t, key] = failed.get((t, key), 0) + r["failed"]
         notes += [f"A worker of {t} died during the run: see {ng.prefix}/logs."
@@ -172,7 +173,7 @@ def main():
           f"alternating; medians [min–max] of the rounds. Load average "
           f"{' '.join(load)} before, {' '.join(run.loadavg())} after "
           f"({time.strftime('%Y-%m-%d %H:%M')}).\n")
-    print(report.md_others({f"{t}|{k}": rs for t in TREES for k, rs in rounds[t].items()},
+    print(figures.md_others({f"{t}|{k}": rs for t in TREES for k, rs in rounds[t].items()},
                            os.cpu_count()))
     print(tables(cells, rounds))
     for n in notes:
