@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import time
@@ -33,7 +32,6 @@ REPO = BENCH.parent
 OUT = BENCH / "out"
 PREFIX = OUT / "fairness"
 MODULE = REPO / "target/release/libngx_threadpool.so"
-NGINX = "/usr/sbin/nginx"
 
 SERVICE_MS = 50
 STATIC_PAUSE_MS = SERVICE_MS  # a static client's pause between requests
@@ -198,11 +196,7 @@ class Nginx:
         self.proc = None
 
     def __enter__(self):
-        self.proc = subprocess.Popen(
-            [NGINX, "-p", str(PREFIX), "-c", "conf/nginx.conf",
-             "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+        self.proc = procs.start(PREFIX, "-g", "daemon off;")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -17,7 +17,6 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 OUT = BENCH / "out"
 MODULE = REPO / "target/release/libngx_threadpool.so"
-NGINX = "/usr/sbin/nginx"
 WRK = "wrk"
 WRK_SCRIPT = BENCH / "wrk_json.lua"
 WAF_RULES = REPO / "nginx-conf/waf_rules.lua"
@@ -163,11 +162,7 @@ class Nginx:
         Nginx.last = self
 
     def __enter__(self):
-        stderr = open(self.prefix / "logs/stderr.log", "w")
-        self.proc = subprocess.Popen(
-            [NGINX, "-p", str(self.prefix), "-c", "conf/nginx.conf"],
-            stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
-        stderr.close()
+        self.proc = procs.start(self.prefix)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -10,12 +10,21 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+NGINX = "/usr/sbin/nginx"
 
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start(prefix, *args):
+    """Starts nginx on `prefix` (its conf/nginx.conf, then `args`), with its
+    stdout and stderr in logs/stderr.log: the Popen of the master."""
+    with open(prefix / "logs/stderr.log", "w") as stderr:
+        return subprocess.Popen([NGINX, "-p", str(prefix), "-c", "conf/nginx.conf", *args],
+                                stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
 
 
 def stop(proc, quit_wait, on_timeout=None):

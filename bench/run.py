@@ -35,7 +35,7 @@ import report  # noqa: E402
 import rust_pool  # noqa: E402
 from cells import (HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS,  # noqa: E402
                    SMALL_PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS)
-from harness import (BENCH, MODULE, NGINX, OUT, REPO, WRK, Nginx, kib, log,  # noqa: E402
+from harness import (BENCH, MODULE, OUT, REPO, WRK, Nginx, kib, log,  # noqa: E402
                      others_cpu_s, pool_threads_cpu_us, rss_kib, start_native,
                      WRK_SCRIPT, thread_count, thread_cpu_us, wrk_run, wrk_start,
                      wrk_wait)
@@ -398,7 +398,7 @@ def section_waf(plan, res):
 
 
 def machine():
-    return dict(procs.machine(NGINX, rustc=["rustc", "--version"], wrk=[WRK, "-v"]),
+    return dict(procs.machine(procs.NGINX, rustc=["rustc", "--version"], wrk=[WRK, "-v"]),
                 mem_total_kib=kib("/proc/meminfo", "MemTotal"))
 
 

@@ -42,7 +42,6 @@ import procs  # noqa: E402
 SOAK = Path(__file__).resolve().parent
 REPO = SOAK.parent
 MODULE = REPO / "target/release/libngx_threadpool.so"
-NGINX = "/usr/sbin/nginx"
 # The module's pools in soak/nginx.conf.tmpl: each must show in the metrics.
 POOLS = ("work", "slow", "big", "tiny", "copy")
 WORKERS = 2
@@ -155,11 +154,7 @@ class Soak:
 
     def start(self):
         self.conf = self.write_conf()
-        stderr = open(self.prefix / "logs/stderr.log", "w")
-        self.nginx = subprocess.Popen(
-            [NGINX, "-p", str(self.prefix), "-c", "conf/nginx.conf"],
-            stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
-        stderr.close()
+        self.nginx = procs.start(self.prefix)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.nginx.poll() is not None:
@@ -429,7 +424,7 @@ class Soak:
             counters=self.counters,
             metrics_max=self.load.metrics_max if self.load else {},
             conf=self.conf.replace(str(REPO), "@REPO@").replace(str(MODULE), "@MODULE@"),
-            machine=dict(procs.machine(NGINX),
+            machine=dict(procs.machine(procs.NGINX),
                          loadavg=Path("/proc/loadavg").read_text().split()[:3]),
         )
 
