@@ -1,6 +1,6 @@
-"""What bench/run.py, bench/fairness.py and soak/soak.py share about the
-nginx they start: pick a free loopback port, stop it, and name the machine
-and versions it ran on."""
+"""What bench/harness.py, bench/fairness.py and soak/soak.py share about
+the nginx they start: pick a free loopback port, start it, stop it, and name
+the machine and versions it ran on."""
 
 import os
 import platform
