@@ -91,7 +91,7 @@ def paired(rounds, key, k):
     so a machine whose load moves from round to round moves this less
     than the ratio of the medians."""
     return figures.median(figures.ratio(w[k], b[k])
-                         for b, w in zip(rounds["base"][key], rounds["work"][key]))
+                          for b, w in zip(rounds["base"][key], rounds["work"][key]))
 
 
 def spread(ratios):
@@ -121,10 +121,11 @@ def tables(cells, rounds):
                          figures.f_ratio(pair)])
         out.append(f"### {what}\n\n"
                    + figures.table(["cell", "BASE", "working tree", "working tree / BASE",
-                                   "paired"], rows)
+                                    "paired"], rows)
                    + f"\nPaired ratios: the module's cells {spread(by_kind['module'])}, "
                    f"run_worker_thread's {spread(by_kind['rwt'])}.\n")
     return "\n".join(out)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -174,7 +175,7 @@ def main():
           f"{' '.join(load)} before, {' '.join(run.loadavg())} after "
           f"({time.strftime('%Y-%m-%d %H:%M')}).\n")
     print(figures.md_others({f"{t}|{k}": rs for t in TREES for k, rs in rounds[t].items()},
-                           os.cpu_count()))
+                            os.cpu_count()))
     print(tables(cells, rounds))
     for n in notes:
         print(f"- {n}")

@@ -6,20 +6,14 @@ import math
 import statistics
 
 import rust_pool
-from cells import VARIANTS
 
 LABEL = {"inline": "inline", "rwt": "run_worker_thread", "tp": "push_task",
          "tpb": "push_tasks ×64", "tpc": "push_task, copying",
          "tpp": "post_task", rust_pool.VARIANT: "push_task, Rust pool"}
-COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange",
-          "tpc": "tab:red", "tpb": "tab:green", rust_pool.VARIANT: "tab:purple"}
-# The variants of the latency and throughput plots.
-PLOTTED = VARIANTS + (rust_pool.VARIANT,)
 PAYLOAD_LABEL = {"16": "16 B", "512": "512 B", "1024": "1 KiB", "65536": "64 KiB",
                  "1048576": "1 MiB", "table": "table (1,000 entries)"}
 WAF_LABEL = {"none": "no scan (request table only)", "inline": "Lua + PCRE, inline",
              "tp": "Lua + PCRE, push_task", "rust": "Rust regex, push_task"}
-WAF_COLORS = {"none": "tab:gray", "inline": "tab:blue", "tp": "tab:orange", "rust": "tab:red"}
 
 
 # ---- numbers -------------------------------------------------------------

@@ -2,8 +2,14 @@
 
 import rust_pool
 from cells import HANDOFF_C, PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS
-from figures import (COLORS, LABEL, PAYLOAD_LABEL, PLOTTED, WAF_COLORS, WAF_LABEL,
-                     cell_stats, overhead, waf_stats, wrk_agg)
+from figures import (LABEL, PAYLOAD_LABEL, WAF_LABEL, cell_stats, overhead, waf_stats,
+                     wrk_agg)
+
+COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange",
+          "tpc": "tab:red", "tpb": "tab:green", rust_pool.VARIANT: "tab:purple"}
+# The variants of the latency and throughput plots.
+PLOTTED = VARIANTS + (rust_pool.VARIANT,)
+WAF_COLORS = {"none": "tab:gray", "inline": "tab:blue", "tp": "tab:orange", "rust": "tab:red"}
 
 PLOTS = ("handoff_latency.png", "handoff_throughput.png", "handoff_cost.png",
          "hol_latency.png", "sort_throughput.png", "waf_cpu.png")

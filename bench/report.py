@@ -18,6 +18,7 @@ from figures import (LABEL, WAF_LABEL, f_num, f_ratio, mark, ratio,  # noqa: E40
 from plots import PLOTS, plots  # noqa: E402
 from report_handoff import md_handoff  # noqa: E402
 
+
 # ---- sections ------------------------------------------------------------
 
 def md_machine(res):

@@ -6,6 +6,7 @@ from cells import HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS, SMALL_P
 from figures import (LABEL, PAYLOAD_LABEL, cell_stats, f_num, f_ratio, f_spread,
                      handoff_stats, md_others, overhead, ratio, table)
 
+
 def md_handoff(res, targets):
     h = res.get("handoff")
     if not h:
