@@ -94,8 +94,8 @@ bench: build bench-deps
 # The hand-off cells of BASE (a git revision, checked out and built in a
 # worktree under target/) against the working tree, the two alternating:
 # per cell both medians, their spread, their ratio and the median of the
-# rounds' ratios. ~12 minutes with the
-# default 5 rounds; ROUNDS=N, QUICK=1 for 200 ms cells.
+# rounds' ratios. ~12 minutes with the default 5 rounds; ROUNDS=N, QUICK=1
+# for 200 ms cells.
 bench-compare: build
 	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<rev> [ROUNDS=5] [QUICK=1]" >&2; exit 2; }
 	cargo build --release -p bench-upper
