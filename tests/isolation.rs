@@ -175,7 +175,6 @@ fn a_rebuild_counts_in_the_next_tasks_wait() {
                 local before = tp.iso:stats()
                 local res = assert(tp.iso:push_tasks({{ {{ "oom" }}, {{ "ping" }} }}))
                 local s = tp.iso:stats()
-                -- bucket 7: (1 s, 10 s]
                 -- the oom task waits for nothing and runs for T; ping
                 -- waits T and the rebuild, and runs for next to nothing
                 local waited = s.wait.sum - before.wait.sum

@@ -184,8 +184,11 @@ impl PoolStats {
     /// then the wait and run histograms (bucket counts, then the sum in
     /// µs), then the shadow counters.
     pub fn write(&self, out: &mut Vec<u64>) {
-        let [threads, busy] = [&self.threads, &self.busy].map(|c| c.load(Relaxed));
-        out.extend([threads, busy, self.queued()]);
+        out.extend([
+            self.threads.load(Relaxed),
+            self.busy.load(Relaxed),
+            self.queued(),
+        ]);
         for c in [
             &self.pushed,
             &self.completed,

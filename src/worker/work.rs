@@ -165,7 +165,6 @@ impl Work {
         // no thread holds it: no lock to take
         let results = std::mem::take(w.results.get_mut().unwrap_or_else(PoisonError::into_inner));
         let args = std::mem::take(&mut w.args);
-        w.expected = None;
         (results, Some((args, work)))
     }
 
