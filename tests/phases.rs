@@ -1,8 +1,8 @@
-//! The phases where push_task waits beyond rewrite, access, content and
-//! timers: server_rewrite_by_lua and ssl_certificate_by_lua, where
-//! lua-nginx-module lets a coroutine wait (run_worker_thread works there
-//! too). ssl_client_hello_by_lua is refused with an error naming it:
-//! Debian's nginx cannot resume a handshake paused there.
+//! The phases push_task works in: those where lua-nginx-module lets a
+//! coroutine wait (rewrite, access, content, timers, server_rewrite_by_lua
+//! and ssl_certificate_by_lua; run_worker_thread works there too), and an
+//! error naming the phase everywhere else. ssl_client_hello_by_lua is
+//! refused too: Debian's nginx cannot resume a handshake paused there.
 //!
 //! The TLS server's client is nginx itself: a plain location proxies to it
 //! over TLS, so no TLS client is needed here.
@@ -10,6 +10,9 @@
 mod common;
 
 use common::{free_port, Nginx};
+use std::time::Duration;
+
+const MAIN: &str = "thread_pool upper_pool threads=1;";
 
 /// A self-signed P-256 certificate for localhost, valid until 2126, and
 /// its key: made for this test only.
@@ -73,8 +76,7 @@ const HTTP: &str = r#"
 #[test]
 fn push_task_waits_in_server_rewrite_and_ssl_certificate() {
     let http = HTTP.replace("$TLS_PORT", &free_port().to_string());
-    let main = "thread_pool upper_pool threads=1;";
-    let n = Nginx::start_with(1, main, &http, &[("cert.pem", CERT), ("key.pem", KEY)]);
+    let n = Nginx::start_with(1, MAIN, &http, &[("cert.pem", CERT), ("key.pem", KEY)]);
     let r = n.get("/tls");
     let text = r.text();
     let mut lines = text.lines();
@@ -85,5 +87,155 @@ fn push_task_waits_in_server_rewrite_and_ssl_certificate() {
             && hello.contains("API disabled in the context of ssl_client_hello"),
         "{text}"
     );
+    n.assert_clean_log();
+}
+
+#[test]
+fn push_task_outside_yieldable_contexts_names_the_context() {
+    let http = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    lua_shared_dict results 1m;
+    init_worker_by_lua_block {
+        local tp = require "resty.threadpool"
+        local ok, err = pcall(function() return tp.upper_pool:push_task("x") end)
+        ngx.shared.results:set("init_worker", tostring(ok) .. " " .. tostring(err))
+        -- the pools start after init_worker_by_lua; a timer reaches them
+        local posted, perr = tp.upper_pool:post_task("x")
+        local stats, serr = tp.upper_pool:stats()
+        ngx.shared.results:set("init_worker_post", tostring(posted) .. " " .. tostring(perr)
+            .. "|" .. tostring(stats) .. " " .. tostring(serr))
+        assert(ngx.timer.at(0, function()
+            ngx.shared.results:set("timer_post", tostring(tp.upper_pool:post_task("x"))
+                .. " " .. tp.upper_pool:stats().threads)
+        end))
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        location /set {
+            set_by_lua_block $res {
+                local tp = require "resty.threadpool"
+                local ok, err = pcall(tp.upper_pool.push_task, tp.upper_pool, "x")
+                return tostring(ok) .. " " .. tostring(err)
+            }
+            return 200 "$res\n";
+        }
+        location /header_filter {
+            content_by_lua_block { ngx.say("body") }
+            header_filter_by_lua_block {
+                local tp = require "resty.threadpool"
+                local ok, err = pcall(tp.upper_pool.push_task, tp.upper_pool, "x")
+                ngx.log(ngx.ERR, "header_filter said: ", tostring(ok), " ", err)
+            }
+        }
+        location /log {
+            content_by_lua_block { ngx.say("body") }
+            log_by_lua_block {
+                local tp = require "resty.threadpool"
+                tp.upper_pool:push_task("x")
+            }
+        }
+        location /init_worker {
+            content_by_lua_block { ngx.say(ngx.shared.results:get(ngx.var.arg_key or "init_worker")) }
+        }
+        location /works {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.say(assert(tp.upper_pool:push_task("ok")))
+            }
+        }
+    }
+"#;
+    let n = Nginx::start(MAIN, http);
+    let t = n.get("/set").text();
+    assert!(
+        t.starts_with("false ") && t.contains("API disabled in the context of set"),
+        "{t}"
+    );
+    let t = n.get("/init_worker").text();
+    assert!(
+        t.starts_with("false ") && t.contains("API disabled in the context of init_worker"),
+        "{t}"
+    );
+    let started =
+        "nil thread pools start after init_worker_by_lua: reach them from ngx.timer.at(0, ...)";
+    assert_eq!(
+        n.get("/init_worker?key=init_worker_post").text(),
+        format!("{started}|{started}\n")
+    );
+    assert_eq!(n.get("/init_worker?key=timer_post").text(), "true 1\n");
+
+    assert_eq!(n.get("/header_filter").text(), "body\n");
+    assert_eq!(n.get("/log").text(), "body\n");
+    assert!(common::eventually(Duration::from_secs(5), || {
+        n.error_log().contains("failed to run log_by_lua")
+    }));
+    let log = n.error_log();
+    assert!(
+        log.contains("header_filter said: false ")
+            && log.contains("API disabled in the context of header_filter"),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("failed to run log_by_lua")
+            && l.contains("API disabled in the context of log")),
+        "{log}"
+    );
+    assert_eq!(n.get("/works").text(), "OK\n");
+    n.assert_clean_log();
+}
+
+#[test]
+fn push_task_works_in_every_yieldable_context() {
+    let http = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    lua_shared_dict results 1m;
+    server {
+        listen 127.0.0.1:$PORT;
+        location /phases {
+            rewrite_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.ctx.rewrite = assert(tp.upper_pool:push_task("rewrite"))
+            }
+            access_by_lua_block {
+                local tp = require "resty.threadpool"
+                ngx.ctx.access = assert(tp.upper_pool:push_task("access"))
+            }
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local th = ngx.thread.spawn(function()
+                    return tp.upper_pool:push_task("light thread")
+                end)
+                local content = assert(tp.upper_pool:push_task("content"))
+                local _, in_thread = assert(ngx.thread.wait(th))
+                ngx.say(ngx.ctx.rewrite, ",", ngx.ctx.access, ",", content, ",", in_thread)
+            }
+        }
+        location /timer {
+            content_by_lua_block {
+                local ok, err = ngx.timer.at(0, function(premature)
+                    local tp = require "resty.threadpool"
+                    local res, err = tp.upper_pool:push_task("timer")
+                    ngx.shared.results:set("timer", res or ("error: " .. tostring(err)))
+                end)
+                ngx.say(ok and "scheduled" or err)
+            }
+        }
+        location /result {
+            content_by_lua_block { ngx.say(ngx.shared.results:get("timer") or "none") }
+        }
+    }
+"#;
+    let n = Nginx::start(MAIN, http);
+    assert_eq!(
+        n.get("/phases").text(),
+        "REWRITE,ACCESS,CONTENT,LIGHT THREAD\n"
+    );
+    assert_eq!(n.get("/timer").text(), "scheduled\n");
+    assert!(
+        common::eventually(Duration::from_secs(5), || n.get("/result").text()
+            != "none\n"),
+        "the timer never stored its result"
+    );
+    assert_eq!(n.get("/result").text(), "TIMER\n");
     n.assert_clean_log();
 }
