@@ -24,7 +24,7 @@ use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
 use crate::ffi::{BAD_CONTEXT, DECLINED, ERROR, OK};
 use crate::ngx::guard;
-use crate::ngx::lua::{in_init_worker, request_of};
+use crate::ngx::lua::{in_init_worker, request_of, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
 use crate::worker::payload::{Args, Payload};
 use crate::worker::tasks::{Release, RequestTasks, TaskId};
@@ -36,10 +36,11 @@ use std::ffi::{c_int, CStr};
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
 /// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 9;
+pub const API_VERSION: c_int = 10;
 
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
-/// table, for the shim's stats).
+/// table, for the shim's stats); where a push may wait is `yieldable`
+/// (YIELDABLE_NAMES, for the shim's error elsewhere).
 const NOT_STARTED: &str =
     "thread pools start after init_worker_by_lua: reach them from ngx.timer.at(0, ...)";
 
@@ -65,7 +66,7 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     // LUA_MINSTACK free slots; it only pushes and sets fields (raising
     // only out of memory, before anything is made).
     unsafe {
-        lua::lua_createtable(l, 0, functions.len() as c_int + 2);
+        lua::lua_createtable(l, 0, functions.len() as c_int + 3);
         let module = lua::lua_gettop(l);
         lua::lua_createtable(l, 0, 0);
         lua::lua_pushlstring_(l, c"n".as_ptr(), 1);
@@ -79,6 +80,8 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         lua::lua_setfield(l, module, c"version".as_ptr());
         lua::lua_pushlstring_(l, NOT_STARTED.as_ptr().cast(), NOT_STARTED.len());
         lua::lua_setfield(l, module, c"not_started".as_ptr());
+        lua::lua_pushlstring_(l, YIELDABLE_NAMES.as_ptr().cast(), YIELDABLE_NAMES.len());
+        lua::lua_setfield(l, module, c"yieldable".as_ptr());
         lua::lua_settop(l, module);
     }
     1

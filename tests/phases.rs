@@ -151,6 +151,13 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         t.starts_with("false ") && t.contains("API disabled in the context of set"),
         "{t}"
     );
+    assert!(
+        t.contains(
+            "(use it in rewrite, server_rewrite, access, content, timer or ssl_certificate, \
+             or an ngx.thread of those)"
+        ),
+        "{t}"
+    );
     let t = n.get("/init_worker").text();
     assert!(
         t.starts_with("false ") && t.contains("API disabled in the context of init_worker"),

@@ -32,7 +32,7 @@ int ngx_threadpool_stats(int pool, uint64_t *out, size_t n);
 ]]
 
 -- The module's C functions on this VM's stack (src/preload.rs).
-local API_VERSION = 9
+local API_VERSION = 10
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -95,8 +95,8 @@ reap_at_next_cycle()
 
 local function bad_context(api)
     error(api .. ": API disabled in the context of " .. get_phase()
-          .. " (use it in rewrite, server_rewrite, access, content, "
-          .. "timer or ssl_certificate, or an ngx.thread of those)", 3)
+          .. " (use it in " .. core.yieldable .. ", or an ngx.thread of those)",
+          3)
 end
 
 -- What a push that queued nothing returns (or raises, out of context).

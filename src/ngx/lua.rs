@@ -44,6 +44,9 @@ pub unsafe fn request_of(l: *mut lua::lua_State) -> *mut sys::ngx_http_request_t
 /// async sess get cb support in OpenSSL"): ngx.sleep there fails alike,
 /// so a push there is refused with an error naming the context.
 const YIELDABLE: c_int = 0x0002 | 0x8000 | 0x0004 | 0x0008 | 0x0080 | 0x0400;
+/// The contexts of YIELDABLE as the shim's error lists them.
+pub const YIELDABLE_NAMES: &str =
+    "rewrite, server_rewrite, access, content, timer or ssl_certificate";
 /// NGX_HTTP_LUA_CONTEXT_INIT_WORKER.
 const INIT_WORKER: c_int = 0x0100;
 
