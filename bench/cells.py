@@ -2,10 +2,10 @@
 report.py (which renders them): variants, payloads and concurrencies."""
 
 VARIANTS = ("inline", "rwt", "tp")
-# The hand-off section also runs push_tasks, 16 tasks per call; for large
-# strings push_task on a pool that copies them (tpc); for small ones
-# post_task (tpp); for those of rust_pool.PAYLOADS push_task on a Rust pool
-# (tpr).
+# The hand-off section also runs push_tasks, BATCH (64) tasks per call
+# (bench/lua/bench_handoff.lua); for large strings push_task on a pool
+# that copies them (tpc); for small ones post_task (tpp); for those of
+# rust_pool.PAYLOADS push_task on a Rust pool (tpr).
 HANDOFF_VARIANTS = VARIANTS + ("tpb",)
 PAYLOADS = ("16", "1024", "65536", "1048576", "table")
 # Payloads of the zero-copy (tpc) and post_task (tpp) rows.
