@@ -164,6 +164,28 @@ fn typed_argument_errors_give_the_documented_texts() {
     n.assert_clean_log();
 }
 
+/// The payload's limits, at and past them: past them the handler crate
+/// refuses the results with the texts a Lua handler's caller gets, where
+/// the module would only see a bad payload.
+#[test]
+fn results_past_the_payload_limits_give_the_lua_encoders_errors() {
+    let n = start();
+    let lua = r##"
+        local function count(...) return select("#", ...) end
+        local d, depth = tp.r:push_task("deep", 100), 0
+        while type(d) == "table" do depth, d = depth + 1, d[1] end
+        local many, many_err = tp.r:push_task("many", 4097)
+        local deep, deep_err = tp.r:push_task("deep", 101)
+        return count(tp.r:push_task("many", 4096)), "|", depth, "|", tostring(many), "|",
+            many_err, "|", tostring(deep), "|", deep_err"##;
+    assert_eq!(
+        run(&n, lua),
+        "4096|100|nil|too many return values (max 4096)|\
+         nil|cannot encode return value #1: table nested deeper than 100"
+    );
+    n.assert_clean_log();
+}
+
 #[test]
 fn err_is_nil_e_and_a_panic_leaves_the_thread_serving_with_its_state() {
     let n = start();

@@ -38,6 +38,13 @@ extern "C" {
 /* The msgpack ext type of a borrowed string. */
 #define NGX_TP_EXT_BORROWED 1
 
+/* The module's limits of a payload, as for Lua values: at most this many
+ * values (n), and tables nested at most this deep (a top-level array or
+ * map is level 1). A result past them gives the caller nil and
+ * "bad payload: ...". */
+#define NGX_TP_MAX_VALUES 4096
+#define NGX_TP_MAX_DEPTH  100
+
 /* Return codes of init and process. */
 #define NGX_TP_OK     0   /* out holds the results payload */
 #define NGX_TP_ERROR  1   /* out holds an error payload: one value, the

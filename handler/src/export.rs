@@ -48,8 +48,8 @@ impl Reply {
         self.buf.clear();
         match r {
             Ok(values) => {
-                if let Err((pos, e)) = values.write_results(&mut self.buf) {
-                    self.fail(format_args!("cannot encode return value #{pos}: {e}"));
+                if let Err(e) = values.write_results(&mut self.buf) {
+                    self.fail(e);
                 }
             }
             Err(e) => self.fail(e),

@@ -73,6 +73,10 @@ pub const NGX_TP_OK: c_int = 0;
 pub const NGX_TP_ERROR: c_int = 1;
 /// `NGX_TP_EXT_BORROWED`: the msgpack ext type of a borrowed string.
 pub const NGX_TP_EXT_BORROWED: i8 = 1;
+/// `NGX_TP_MAX_VALUES`: most values in a payload.
+pub const NGX_TP_MAX_VALUES: usize = 4096;
+/// `NGX_TP_MAX_DEPTH`: deepest table nesting in a payload.
+pub const NGX_TP_MAX_DEPTH: usize = 100;
 /// `NGX_TP_LOG_ERR`.
 pub const NGX_TP_LOG_ERR: c_int = 4;
 /// `NGX_TP_LOG_WARN`.

@@ -42,8 +42,30 @@ impl<L: sealed::List> ValueList for L {}
 
 pub(crate) mod sealed {
     use super::Values;
+    use crate::ffi::NGX_TP_MAX_VALUES;
     use crate::ser::Ser;
     use serde::Serialize;
+    use std::fmt;
+
+    /// Why results could not be written; its text is the caller's error.
+    #[derive(Debug)]
+    pub enum ResultsError {
+        /// More values than a payload holds (the module's limit).
+        TooMany,
+        /// The value at this position could not be serialized, and why.
+        Value(u32, String),
+    }
+
+    impl fmt::Display for ResultsError {
+        fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            match self {
+                ResultsError::TooMany => {
+                    write!(f, "too many return values (max {NGX_TP_MAX_VALUES})")
+                }
+                ResultsError::Value(pos, e) => write!(f, "cannot encode return value #{pos}: {e}"),
+            }
+        }
+    }
 
     /// Appends results to a payload: the position of each value to come
     /// first, then the non-nil ones.
@@ -55,14 +77,18 @@ pub(crate) mod sealed {
 
     impl Writer<'_> {
         /// Writes one value at the next position, unless it is nil.
-        fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), (u32, String)> {
+        fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), ResultsError> {
+            // u32 holds NGX_TP_MAX_VALUES
+            if self.n as usize == NGX_TP_MAX_VALUES {
+                return Err(ResultsError::TooMany);
+            }
             self.n += 1;
             let start = self.out.len();
             let _ = rmp::encode::write_uint(self.out, self.n.into());
             let at = self.out.len();
             value
-                .serialize(&mut Ser { out: self.out })
-                .map_err(|e| (self.n, e.0))?;
+                .serialize(&mut Ser::new(self.out))
+                .map_err(|e| ResultsError::Value(self.n, e.0))?;
             if self.out[at..] == [0xc0] {
                 self.out.truncate(start);
             } else {
@@ -74,13 +100,12 @@ pub(crate) mod sealed {
 
     /// Writes itself into a payload; only this crate's types do.
     pub trait Sealed {
-        /// Appends the payload of the results to `out` (empty): an error
-        /// is the failing value's position and why.
-        fn write_results(&self, out: &mut Vec<u8>) -> Result<(), (u32, String)>;
+        /// Appends the payload of the results to `out` (empty).
+        fn write_results(&self, out: &mut Vec<u8>) -> Result<(), ResultsError>;
     }
 
     impl<T: Serialize + ?Sized> Sealed for T {
-        fn write_results(&self, out: &mut Vec<u8>) -> Result<(), (u32, String)> {
+        fn write_results(&self, out: &mut Vec<u8>) -> Result<(), ResultsError> {
             let _ = rmp::encode::write_uint(out, 1);
             let _ = rmp::encode::write_map_len(out, 1);
             let start = out.len();
@@ -97,7 +122,7 @@ pub(crate) mod sealed {
     impl<L: List> Sealed for Values<L> {
         /// The counts are known at the end: written in fixed widths
         /// (uint32, map32) and patched.
-        fn write_results(&self, out: &mut Vec<u8>) -> Result<(), (u32, String)> {
+        fn write_results(&self, out: &mut Vec<u8>) -> Result<(), ResultsError> {
             out.extend_from_slice(&[0xce, 0, 0, 0, 0, 0xdf, 0, 0, 0, 0]);
             let mut w = Writer { out, n: 0, k: 0 };
             self.0.write(&mut w)?;
@@ -111,14 +136,14 @@ pub(crate) mod sealed {
     /// A list of values; only this crate's impls.
     pub trait List {
         /// Writes each element as one value.
-        fn write(&self, w: &mut Writer) -> Result<(), (u32, String)>;
+        fn write(&self, w: &mut Writer) -> Result<(), ResultsError>;
     }
 
     macro_rules! tuples {
         ($(($($name:ident $idx:tt)*))*) => {$(
             impl<$($name: Serialize),*> List for ($($name,)*) {
                 #[allow(unused_variables)]
-                fn write(&self, w: &mut Writer) -> Result<(), (u32, String)> {
+                fn write(&self, w: &mut Writer) -> Result<(), ResultsError> {
                     $(w.value(&self.$idx)?;)*
                     Ok(())
                 }
@@ -143,19 +168,19 @@ pub(crate) mod sealed {
     }
 
     impl<T: Serialize> List for [T] {
-        fn write(&self, w: &mut Writer) -> Result<(), (u32, String)> {
+        fn write(&self, w: &mut Writer) -> Result<(), ResultsError> {
             self.iter().try_for_each(|v| w.value(v))
         }
     }
 
     impl<T: Serialize, const N: usize> List for [T; N] {
-        fn write(&self, w: &mut Writer) -> Result<(), (u32, String)> {
+        fn write(&self, w: &mut Writer) -> Result<(), ResultsError> {
             self.as_slice().write(w)
         }
     }
 
     impl<T: Serialize> List for Vec<T> {
-        fn write(&self, w: &mut Writer) -> Result<(), (u32, String)> {
+        fn write(&self, w: &mut Writer) -> Result<(), ResultsError> {
             self.as_slice().write(w)
         }
     }

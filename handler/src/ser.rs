@@ -5,6 +5,7 @@
 //! type: a Lua table takes any key but nil and NaN), enums as serde's
 //! externally tagged form (a unit variant is its name).
 
+use crate::ffi::NGX_TP_MAX_DEPTH;
 use serde::ser::{self, Serialize};
 use std::fmt;
 
@@ -29,7 +30,11 @@ impl ser::Error for SerError {
 /// Writes msgpack into `out`. Writing into a `Vec` cannot fail, so the
 /// results of rmp's writers are ignored.
 pub(crate) struct Ser<'a> {
-    pub(crate) out: &'a mut Vec<u8>,
+    out: &'a mut Vec<u8>,
+    /// Tables around the value written next: past NGX_TP_MAX_DEPTH the
+    /// module would refuse the whole payload (`bad payload`), so the value
+    /// is refused here, in the Lua encoder's words.
+    depth: usize,
 }
 
 /// The msgpack markers of a 32-bit length, written when the length is only
@@ -39,14 +44,34 @@ pub(crate) struct Ser<'a> {
 const ARRAY32: u8 = 0xdd;
 const MAP32: u8 = 0xdf;
 
-impl Ser<'_> {
-    fn variant_key(&mut self, variant: &str) {
+impl<'a> Ser<'a> {
+    /// Writes one value, at the top level, into `out`.
+    pub(crate) fn new(out: &'a mut Vec<u8>) -> Ser<'a> {
+        Ser { out, depth: 0 }
+    }
+
+    /// Goes one table deeper.
+    fn enter(&mut self) -> Result<(), SerError> {
+        self.depth += 1;
+        if self.depth > NGX_TP_MAX_DEPTH {
+            return Err(SerError(format!(
+                "table nested deeper than {NGX_TP_MAX_DEPTH}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// An enum variant's table of one entry, its value to follow.
+    fn variant_key(&mut self, variant: &str) -> Result<(), SerError> {
+        self.enter()?;
         let _ = rmp::encode::write_map_len(self.out, 1);
         let _ = rmp::encode::write_str(self.out, variant);
+        Ok(())
     }
 
     /// A compound of `len` items, or of a length patched in at its end.
     fn compound(&mut self, len: Option<usize>, map: bool) -> Result<Compound<'_>, SerError> {
+        self.enter()?;
         let patch = match len {
             Some(len) => {
                 let len = u32::try_from(len).map_err(|_| SerError("too many items".into()))?;
@@ -67,6 +92,7 @@ impl Ser<'_> {
             out: self.out,
             patch,
             count: 0,
+            depth: self.depth,
         })
     }
 }
@@ -78,11 +104,16 @@ pub(crate) struct Compound<'a> {
     patch: Option<usize>,
     /// Items (map entries) written.
     count: u32,
+    /// Its own level: the depth of its items.
+    depth: usize,
 }
 
 impl Compound<'_> {
     fn item<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), SerError> {
-        value.serialize(&mut Ser { out: self.out })
+        value.serialize(&mut Ser {
+            out: self.out,
+            depth: self.depth,
+        })
     }
 
     /// A map key: refused if nil or NaN, which a Lua table cannot hold.
@@ -221,7 +252,7 @@ impl<'a> ser::Serializer for &'a mut Ser<'_> {
         variant: &'static str,
         value: &T,
     ) -> Result<(), SerError> {
-        self.variant_key(variant);
+        self.variant_key(variant)?;
         value.serialize(self)
     }
 
@@ -244,7 +275,7 @@ impl<'a> ser::Serializer for &'a mut Ser<'_> {
         variant: &'static str,
         len: usize,
     ) -> Result<Compound<'a>, SerError> {
-        self.variant_key(variant);
+        self.variant_key(variant)?;
         self.compound(Some(len), false)
     }
 
@@ -263,7 +294,7 @@ impl<'a> ser::Serializer for &'a mut Ser<'_> {
         variant: &'static str,
         len: usize,
     ) -> Result<Compound<'a>, SerError> {
-        self.variant_key(variant);
+        self.variant_key(variant)?;
         self.compound(Some(len), true)
     }
 

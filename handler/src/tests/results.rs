@@ -14,8 +14,11 @@ fn encode(v: &impl Sealed) -> Vec<u8> {
     out
 }
 
-fn encode_err(v: &impl Sealed) -> (u32, String) {
-    v.write_results(&mut Vec::new()).expect_err("refused")
+/// The caller's error for results that cannot be written.
+fn encode_err(v: &impl Sealed) -> String {
+    v.write_results(&mut Vec::new())
+        .expect_err("refused")
+        .to_string()
 }
 
 #[test]
@@ -124,7 +127,10 @@ fn unknown_lengths_are_patched() {
 #[test]
 fn what_a_lua_table_cannot_hold_is_an_error_naming_the_value() {
     let nil_key = BTreeMap::from([(None::<u8>, 1)]);
-    assert_eq!(encode_err(&nil_key), (1, "nil table key".to_string()));
+    assert_eq!(
+        encode_err(&nil_key),
+        "cannot encode return value #1: nil table key"
+    );
     let nan_key = Values((1, vec![(f64::NAN, 1)].into_iter().collect::<Vec<_>>()));
     // a Vec of pairs is an array: fine
     encode(&nan_key);
@@ -136,7 +142,53 @@ fn what_a_lua_table_cannot_hold_is_an_error_naming_the_value() {
     }
     assert_eq!(
         encode_err(&Values(("ok", NanKey))),
-        (2, "NaN table key".to_string())
+        "cannot encode return value #2: NaN table key"
     );
-    assert_eq!(encode_err(&1u128).0, 1);
+    assert!(encode_err(&1u128).starts_with("cannot encode return value #1: "));
+}
+
+/// A table `levels` deep: arrays of one, the innermost two levels an
+/// enum variant's table of one entry around an array when `variant`.
+struct Nest {
+    levels: usize,
+    variant: bool,
+}
+
+impl Serialize for Nest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.levels {
+            0 => s.serialize_u8(1),
+            2 if self.variant => s.serialize_newtype_variant("E", 0, "V", &[1u8]),
+            n => s.collect_seq([Nest {
+                levels: n - 1,
+                variant: self.variant,
+            }]),
+        }
+    }
+}
+
+fn nested(levels: usize, variant: bool) -> Values<(u8, Nest)> {
+    Values((0, Nest { levels, variant }))
+}
+
+#[test]
+fn results_past_the_modules_limits_are_refused_in_the_lua_encoders_words() {
+    use crate::ffi::{NGX_TP_MAX_DEPTH, NGX_TP_MAX_VALUES};
+    // as many values as a payload holds, then one more
+    let p = encode(&Values(vec![1u8; NGX_TP_MAX_VALUES]));
+    with_task(&p, &[], |t| assert_eq!(t.nargs(), NGX_TP_MAX_VALUES));
+    assert_eq!(
+        encode_err(&Values(vec![None::<u8>; NGX_TP_MAX_VALUES + 1])),
+        "too many return values (max 4096)"
+    );
+    // nesting: the deepest the module decodes, then one level more, an
+    // enum variant's table counted as one
+    for variant in [false, true] {
+        let p = encode(&nested(NGX_TP_MAX_DEPTH, variant));
+        with_task(&p, &[], |t| assert_eq!(t.nargs(), 2));
+        assert_eq!(
+            encode_err(&nested(NGX_TP_MAX_DEPTH + 1, variant)),
+            "cannot encode return value #2: table nested deeper than 100"
+        );
+    }
 }
