@@ -37,6 +37,7 @@ pub mod ngx;
 pub mod preload;
 pub mod run;
 pub mod settings;
+pub mod spin;
 pub mod status;
 pub mod vm;
 pub mod worker;
@@ -324,7 +325,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             .collect();
         let me = ngx::http::worker_number();
         let started = specs.and_then(|specs| {
-            ngx::notify::install(worker::drain)?;
+            ngx::notify::install(worker::drain, worker::awaiting)?;
             let shared = conf.status.as_ref().and_then(|t| t.row(me));
             worker::Worker::start(specs, shared).map_err(|e| e.to_string())
         });

@@ -9,12 +9,27 @@
 //! multiplexer: every caller's handler is marked pending in a small table,
 //! and the original notify is always called with one dispatcher that runs
 //! every pending handler. No caller can overwrite another.
+//!
+//! It also wraps `ngx_event_actions.process_events`: when the worker
+//! awaits completions, the event loop polls for them briefly before it
+//! sleeps in epoll_wait, as pool threads poll for jobs (crate::spin). A
+//! round trip at concurrency 1 otherwise puts the event loop to sleep and
+//! wakes it through the eventfd once per task, which cost more of its CPU
+//! than the task's own work (bench/ANALYSIS.md).
 
 use super::sys;
+use crate::spin::Spin;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 type Notify = unsafe extern "C" fn(handler: sys::ngx_event_handler_pt) -> sys::ngx_int_t;
 type Handler = unsafe extern "C" fn(ev: *mut sys::ngx_event_t);
+type ProcessEvents = unsafe extern "C" fn(
+    cycle: *mut sys::ngx_cycle_t,
+    timer: sys::ngx_msec_t,
+    flags: sys::ngx_uint_t,
+) -> sys::ngx_int_t;
 
 /// Distinct handlers seen: nginx's thread pool handler, ours, and room for
 /// other modules.
@@ -31,11 +46,28 @@ static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
 /// its completions), registered by install.
 static ON_WAKE: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether the worker awaits completions (registered by install).
+static AWAITING: AtomicUsize = AtomicUsize::new(0);
+/// The event module's process_events.
+static PROCESS: AtomicUsize = AtomicUsize::new(0);
+
+/// The longest the event loop polls for completions before it sleeps.
+/// Shorter than a pool thread's poll: network events that arrive meanwhile
+/// wait for it.
+const POLL: Duration = Duration::from_micros(20);
+
+thread_local! {
+    /// The event loop's poll, adapted to how soon completions come.
+    static EVENT_LOOP_POLL: RefCell<Spin> = const { RefCell::new(Spin::new(POLL)) };
+}
+
 /// Installs the multiplexer in this worker, with `on_wake` to run on the
-/// event loop after pool threads called `wake`. Called from init_process,
-/// after the event module has set up `ngx_event_actions`.
-pub fn install(on_wake: fn()) -> Result<(), String> {
+/// event loop after pool threads called `wake`, and the poll for
+/// completions while `awaiting` says some are due. Called from
+/// init_process, after the event module has set up `ngx_event_actions`.
+pub fn install(on_wake: fn(), awaiting: fn() -> bool) -> Result<(), String> {
     ON_WAKE.store(on_wake as usize, Ordering::Release);
+    AWAITING.store(awaiting as usize, Ordering::Release);
     // SAFETY: init_process runs on the event-loop thread before any pool
     // thread of ours exists; nginx's threads read the pointer with plain
     // loads, and an aligned pointer store is atomic on every platform nginx
@@ -49,8 +81,72 @@ pub fn install(on_wake: fn()) -> Result<(), String> {
             ORIGINAL.store(current as usize, Ordering::SeqCst);
             std::ptr::write_volatile(&raw mut (*actions).notify, Some(multiplex));
         }
+        let process = (*actions)
+            .process_events
+            .ok_or("the event method has no process_events")?;
+        if process as usize != process_events as ProcessEvents as usize {
+            PROCESS.store(process as usize, Ordering::SeqCst);
+            (*actions).process_events = Some(process_events);
+        }
     }
     Ok(())
+}
+
+/// nginx's wait for events, behind a poll for completions: when the worker
+/// awaits some and nginx would block, the event loop first polls the
+/// wake-up flag for up to the poll's budget; a completion caught so is
+/// taken at once (as the eventfd's handler would), and nginx then looks at
+/// its events without blocking. The eventfd's own wake-up comes later and
+/// finds nothing, or what came since.
+unsafe extern "C" fn process_events(
+    cycle: *mut sys::ngx_cycle_t,
+    timer: sys::ngx_msec_t,
+    flags: sys::ngx_uint_t,
+) -> sys::ngx_int_t {
+    // SAFETY: install stored the event module's process_events before
+    // putting this one in its place.
+    let original: ProcessEvents =
+        unsafe { std::mem::transmute::<usize, ProcessEvents>(PROCESS.load(Ordering::Acquire)) };
+    let awaiting = timer != 0 && !WAKE_PENDING.load(Ordering::Acquire) && {
+        let f = AWAITING.load(Ordering::Acquire);
+        // SAFETY: only `fn() -> bool` pointers are stored in AWAITING.
+        f != 0 && unsafe { std::mem::transmute::<usize, fn() -> bool>(f) }()
+    };
+    if !awaiting {
+        // SAFETY: forwarding nginx's own call.
+        return unsafe { original(cycle, timer, flags) };
+    }
+    let start = Instant::now();
+    let budget = EVENT_LOOP_POLL.with(|p| p.borrow().budget());
+    let caught = poll(start, budget);
+    if caught {
+        // SAFETY: the event loop, as when the eventfd's event runs it.
+        unsafe { on_wake(std::ptr::null_mut()) };
+    }
+    // SAFETY: forwarding nginx's own call, without blocking once caught.
+    let rc = unsafe { original(cycle, if caught { 0 } else { timer }, flags) };
+    EVENT_LOOP_POLL.with(|p| p.borrow_mut().observe(start.elapsed()));
+    rc
+}
+
+/// Polls the wake-up flag until `budget` has passed since `start`: whether
+/// a completion came.
+fn poll(start: Instant, budget: Duration) -> bool {
+    if budget.is_zero() {
+        return false;
+    }
+    loop {
+        // The clock costs more than a look at the flag: read it every few.
+        for _ in 0..16 {
+            if WAKE_PENDING.load(Ordering::Acquire) {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= budget {
+            return false;
+        }
+    }
 }
 
 /// Called by pool threads after posting a completion.

@@ -57,6 +57,11 @@ pub struct Worker {
     pub tasks: Tasks,
     /// The last anchor key handed out (see `anchor_key`).
     anchors: u64,
+    /// Pushes with a caller whose completion has not come back (see
+    /// `awaiting`).
+    awaited: usize,
+    /// The threads of every pool.
+    threads: usize,
     /// Set at exit: threads drop queued jobs instead of running them.
     stopping: Arc<AtomicBool>,
     /// The watchdog of slow tasks: closing the sender stops it.
@@ -204,11 +209,14 @@ impl Worker {
         let mut tasks = Tasks::default();
         tasks.stats = pools.iter().map(|p| p.stats).collect();
         tasks.large_results = vec![false; pools.len()];
+        let threads = pools.iter().map(|p| p.threads.len()).sum();
         let worker = Worker {
             pools,
             completions: done_rx,
             tasks,
             anchors: 0,
+            awaited: 0,
+            threads,
             stopping,
             watchdog,
         };
@@ -288,6 +296,7 @@ impl Worker {
         if task != POSTED {
             // a posted task sends no completion to count it out
             gate::tasks_started(n as usize);
+            self.awaited += 1;
         }
         log::debug(format_args!(
             "task {task:#x} queued for thread pool \"{}\": {n} tasks, {bytes} bytes, borrowed {borrowed}",
@@ -312,6 +321,7 @@ impl Worker {
                 continue;
             }
             gate::tasks_finished(work.count());
+            self.awaited = self.awaited.saturating_sub(1);
             // results nobody wants are dropped (and their pins let go of)
             drop(self.tasks.complete(work));
         }
@@ -328,6 +338,15 @@ impl Worker {
 /// Takes every completion posted so far (the event loop's wake-up).
 pub fn drain() {
     with_worker(|w| w.drain());
+}
+
+/// Whether the event loop should poll for completions before it sleeps
+/// (ngx/notify.rs): callers wait for some, and no more pushes than threads,
+/// so each can be running and its completion comes when its handler
+/// returns. With more, completions come at the pace of the busy threads,
+/// and a polling event loop would take a core they need.
+pub fn awaiting() -> bool {
+    with_worker(|w| w.awaited > 0 && w.awaited <= w.threads).unwrap_or(false)
 }
 
 /// Stops the worker's pools at process exit: queued jobs are dropped,

@@ -12,6 +12,7 @@ use crate::handler::{Handler, Spec};
 use crate::ngx::os;
 use crate::ngx::{guard, log, notify};
 use crate::run::{self, Outcome, PinKey, Ran};
+use crate::spin::Spin;
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -102,7 +103,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
             }
         }
     };
-    let mut spin = Spin::default();
+    let mut spin = Spin::new(SPIN);
     // Payload bytes handled since the thread last gave memory back.
     let mut handled = 0;
     // Failures of posted tasks since the last line about them, and when.
@@ -312,40 +313,6 @@ const POSTED_LOG_EVERY: Duration = Duration::from_secs(1);
 /// concurrency 1.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// The poll before parking, adapted to how long this thread waits for a
-/// job once its queue is empty: four times the recent such wait when that
-/// is under SPIN, else none. Jobs that come back to back are caught without
-/// a wake-up; jobs that come seldom cost no polling at all (a poll that
-/// finds nothing burns a core the event loop may need). Jobs found waiting
-/// in the queue say nothing about the gaps and are not counted.
-struct Spin {
-    /// Moving average of the waits, in nanoseconds (weight 1/8).
-    wait_ns: u64,
-}
-
-impl Default for Spin {
-    fn default() -> Spin {
-        Spin {
-            wait_ns: SPIN.as_nanos() as u64 / 4,
-        }
-    }
-}
-
-impl Spin {
-    fn budget(&self) -> Duration {
-        let spin = SPIN.as_nanos() as u64;
-        if self.wait_ns >= spin {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos((4 * self.wait_ns).min(spin))
-    }
-
-    fn observe(&mut self, waited: Duration) {
-        let w = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-        self.wait_ns = self.wait_ns - self.wait_ns / 8 + w / 8;
-    }
-}
-
 /// How long a thread that handled large payloads waits for the next job
 /// before it gives their memory back: long enough that a steady stream of
 /// large tasks keeps reusing it (fresh pages cost more than the copies).
@@ -388,33 +355,4 @@ fn next_job(jobs: &Receiver<Job>, idle_after: bool, spin: &mut Spin) -> Next {
     };
     spin.observe(start.elapsed());
     next
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spin_follows_the_waits() {
-        let mut spin = Spin::default();
-        assert!(spin.budget() > Duration::ZERO);
-        // jobs that come seldom: no polling
-        for _ in 0..40 {
-            spin.observe(Duration::from_millis(2));
-        }
-        assert_eq!(spin.budget(), Duration::ZERO);
-        // back to back again: polling comes back, bounded by SPIN
-        for _ in 0..60 {
-            spin.observe(Duration::from_micros(5));
-        }
-        let b = spin.budget();
-        assert!(
-            b > Duration::ZERO && b <= Duration::from_micros(40),
-            "{b:?}"
-        );
-        for _ in 0..60 {
-            spin.observe(Duration::from_micros(20));
-        }
-        assert_eq!(spin.budget(), SPIN);
-    }
 }
