@@ -43,13 +43,24 @@ pub fn prefix(tag: &str) -> PathBuf {
     dir
 }
 
-/// A free loopback port (bound and released; the race is harmless here).
+/// Where free_port looks: below Linux's ephemeral ports (32768 and up by
+/// default), which the kernel hands to client sockets. A port taken from
+/// those (bind to port 0) could be a test client's local port by the time
+/// nginx binds it, beside another test: "Address already in use".
+const PORTS: std::ops::Range<usize> = 20000..32000;
+
+/// A free loopback port (bound and released), each test process walking
+/// the range from a place of its own.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let start = std::process::id() as usize * 97;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (PORTS.start + (start + n) % PORTS.len()) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A whole nginx.conf: the module lines, `main` at top level (thread_pool
