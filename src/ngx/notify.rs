@@ -50,6 +50,9 @@ static ON_WAKE: AtomicUsize = AtomicUsize::new(0);
 static AWAITING: AtomicUsize = AtomicUsize::new(0);
 /// The event module's process_events.
 static PROCESS: AtomicUsize = AtomicUsize::new(0);
+/// Wake-ups handled (on_wake), on the event loop only: whether a
+/// completion came during a wait.
+static WAKES: AtomicUsize = AtomicUsize::new(0);
 
 /// The longest the event loop polls for completions before it sleeps.
 /// Shorter than a pool thread's poll: network events that arrive meanwhile
@@ -117,6 +120,7 @@ unsafe extern "C" fn process_events(
         return unsafe { original(cycle, timer, flags) };
     }
     let start = Instant::now();
+    let wakes = WAKES.load(Ordering::Relaxed);
     let budget = EVENT_LOOP_POLL.with(|p| p.borrow().budget());
     let caught = poll(start, budget);
     if caught {
@@ -125,7 +129,13 @@ unsafe extern "C" fn process_events(
     }
     // SAFETY: forwarding nginx's own call, without blocking once caught.
     let rc = unsafe { original(cycle, if caught { 0 } else { timer }, flags) };
-    EVENT_LOOP_POLL.with(|p| p.borrow_mut().observe(start.elapsed()));
+    // A wait that network events ended before any completion came counts
+    // as a long one: on a loop kept busy by other requests, polling would
+    // only hold their events back, and the poll stops.
+    let waited = start.elapsed();
+    let came = caught || WAKES.load(Ordering::Relaxed) != wakes;
+    let waited = if came { waited } else { waited.max(2 * POLL) };
+    EVENT_LOOP_POLL.with(|p| p.borrow_mut().observe(waited));
     rc
 }
 
@@ -212,6 +222,7 @@ unsafe extern "C" fn on_wake(_ev: *mut sys::ngx_event_t) {
         // swap, not store: the acquire pairs with the threads' swap, so every
         // completion sent before their wake() is visible to the drain.
         WAKE_PENDING.swap(false, Ordering::AcqRel);
+        WAKES.fetch_add(1, Ordering::Relaxed);
         let f = ON_WAKE.load(Ordering::Acquire);
         if f != 0 {
             // SAFETY: only `fn()` pointers are stored in ON_WAKE.
