@@ -57,8 +57,8 @@ pub struct Worker {
     pub tasks: Tasks,
     /// The last anchor key handed out (see `anchor_key`).
     anchors: u64,
-    /// Pushes with a caller whose completion has not come back (see
-    /// `awaiting`).
+    /// Pushes made for a caller (not posted) whose completion has not come
+    /// back, also when the caller has stopped waiting (see `awaiting`).
     awaited: usize,
     /// The threads of every pool.
     threads: usize,

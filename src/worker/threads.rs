@@ -328,6 +328,8 @@ enum Next {
 
 /// The next job; with `idle_after`, Idle once no job came for IDLE.
 fn next_job(jobs: &Receiver<Job>, idle_after: bool, spin: &mut Spin) -> Next {
+    // A job found waiting says nothing about the gaps between jobs: not
+    // observed.
     if let Ok(job) = jobs.try_recv() {
         return Next::Job(job);
     }
