@@ -95,11 +95,11 @@ bench: build bench-deps
 # worktree under target/) against the working tree, the two alternating:
 # per cell both medians, their spread, their ratio and the median of the
 # rounds' ratios. ~12 minutes with the default 5 rounds; ROUNDS=N, QUICK=1
-# for 200 ms cells.
+# for 200 ms cells, CELLS=PATTERNS for some cells only (bench/compare.py).
 bench-compare: build
-	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<rev> [ROUNDS=5] [QUICK=1]" >&2; exit 2; }
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<rev> [ROUNDS=5] [QUICK=1] [CELLS=tp|8|16,...]" >&2; exit 2; }
 	cargo build --release -p bench-upper
-	QUICK=$(QUICK) ROUNDS=$(ROUNDS) /usr/bin/python3 bench/compare.py $(BASE)
+	QUICK=$(QUICK) ROUNDS=$(ROUNDS) CELLS="$(CELLS)" /usr/bin/python3 bench/compare.py $(BASE)
 
 # The talk's timeout table, scaled (Direct, Thread, Thread + reuseport by
 # load): writes bench/FAIRNESS.md and bench/fairness_*.png. ~8 minutes;

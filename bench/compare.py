@@ -15,11 +15,15 @@ median of the rounds' ratios ("paired"), then the paired ratios' median
 and range over the module's cells and over run_worker_thread's; the
 rounds' figures go to bench/out/compare.json.
 
-  ROUNDS=5 (default) rounds; QUICK=1 runs 200 ms cells instead of 1 s.
+  ROUNDS=5 (default) rounds; QUICK=1 runs 200 ms cells instead of 1 s;
+  CELLS=PATTERN[,PATTERN...] runs only the cells "variant|C|payload" that
+  match one of the shell patterns (tp|8|*, tpb|*|16), with run_worker_thread's
+  cells of the same C and payload as the control.
 """
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import os
 import shutil
@@ -85,6 +89,20 @@ def common_cells(ngs, cells, plan):
     return [(v, c, p) for v, c, p in cells if answered[v, p]]
 
 
+def selected(cells, patterns):
+    """The cells matching one of the comma-separated shell patterns of
+    "variant|C|payload", with run_worker_thread's cells of the same C and
+    payload as the control; all of them without patterns."""
+    pats = [p.strip() for p in patterns.split(",") if p.strip()]
+    if not pats:
+        return cells
+    hit = {(c, p) for v, c, p in cells
+           if any(fnmatch.fnmatchcase(f"{v}|{c}|{p}", pat) for pat in pats)}
+    return [(v, c, p) for v, c, p in cells
+            if (c, p) in hit and (v == "rwt" or any(
+                fnmatch.fnmatchcase(f"{v}|{c}|{p}", pat) for pat in pats))]
+
+
 def paired(rounds, key, k):
     """The median of the rounds' ratios working tree / BASE of figure k in
     cell `key`: the trees ran the cell one after the other in each round,
@@ -134,6 +152,9 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     default=os.environ.get("QUICK", "") not in ("", "0"),
                     help="200 ms cells (also QUICK=1)")
+    ap.add_argument("--cells", default=os.environ.get("CELLS", ""),
+                    help="only the cells variant|C|payload matching these "
+                    "comma-separated shell patterns (also CELLS=...)")
     args = ap.parse_args()
     if not MODULE.exists():
         sys.exit(f"{MODULE} missing: run `make build` first")
@@ -148,7 +169,10 @@ def main():
     failed = {}
     load = run.loadavg()
     # make bench's hand-off cells but inline
-    cells = [cell for group in run.handoff_groups() for cell in group if cell[0] != "inline"]
+    cells = selected([cell for group in run.handoff_groups() for cell in group
+                      if cell[0] != "inline"], args.cells)
+    if not cells:
+        sys.exit(f"no hand-off cell matches CELLS={args.cells}")
     with base_tree(commit) as (src, module), \
             handoff_nginx("compare-base", cells, tree=src, module=module) as base_ngs, \
             handoff_nginx("compare-work", cells) as work_ngs:
