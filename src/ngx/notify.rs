@@ -15,7 +15,9 @@
 //! sleeps in epoll_wait, as pool threads poll for jobs (crate::spin). A
 //! round trip at concurrency 1 otherwise puts the event loop to sleep and
 //! wakes it through the eventfd once per task, which cost more of its CPU
-//! than the task's own work (bench/ANALYSIS.md).
+//! than the task's own work (bench/ANALYSIS.md). And pool threads write
+//! the eventfd only while the event loop sleeps: while it runs, it takes
+//! their completions itself before it waits again.
 
 use super::sys;
 use crate::spin::Spin;
@@ -41,6 +43,17 @@ static PENDING: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
 /// A wake-up of ours is on its way: coalesces many completions into one
 /// notify.
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
+/// The event loop is in (or about to enter) nginx's blocking wait for
+/// events: only then does a pool thread that sets WAKE_PENDING write the
+/// eventfd. While the event loop runs, it takes the flag itself before it
+/// waits again (process_events), and the write would cost the thread a
+/// system call and the event loop a wake-up that finds nothing. The two
+/// sides pair as in Dekker's algorithm, all SeqCst: a thread sets
+/// WAKE_PENDING, then reads SLEEPING; the event loop sets SLEEPING, then
+/// reads WAKE_PENDING before it blocks. One of them sees the other's
+/// store: a completion is either taken before the wait or announced
+/// through the eventfd.
+static SLEEPING: AtomicBool = AtomicBool::new(false);
 
 /// What the event loop runs when pool threads woke it (the worker drains
 /// its completions), registered by install.
@@ -95,12 +108,13 @@ pub fn install(on_wake: fn(), awaiting: fn() -> bool) -> Result<(), String> {
     Ok(())
 }
 
-/// nginx's wait for events, behind a poll for completions: when the worker
-/// awaits some and nginx would block, the event loop first polls the
-/// wake-up flag for up to the poll's budget; a completion caught so is
-/// taken at once (as the eventfd's handler would), and nginx then looks at
-/// its events without blocking. The eventfd's own wake-up comes later and
-/// finds nothing, or what came since.
+/// nginx's wait for events, with the completions of pool threads taken
+/// on the way: those that came while the event loop ran (no eventfd was
+/// written for them) at once; when the worker awaits some and nginx would
+/// block, those that come within a short poll of the wake-up flag; and
+/// the rest through the eventfd, which pool threads write while it
+/// sleeps. Once it has taken some, nginx looks at its events without
+/// blocking: the semaphores they posted run after this returns.
 unsafe extern "C" fn process_events(
     cycle: *mut sys::ngx_cycle_t,
     timer: sys::ngx_msec_t,
@@ -110,25 +124,36 @@ unsafe extern "C" fn process_events(
     // putting this one in its place.
     let original: ProcessEvents =
         unsafe { std::mem::transmute::<usize, ProcessEvents>(PROCESS.load(Ordering::Acquire)) };
-    let awaiting = timer != 0 && !WAKE_PENDING.load(Ordering::Acquire) && {
+    if WAKE_PENDING.load(Ordering::Acquire) {
+        // SAFETY: the event loop, as when the eventfd's event runs it;
+        // then forwarding nginx's own call, without blocking.
+        unsafe {
+            on_wake(std::ptr::null_mut());
+            return original(cycle, 0, flags);
+        }
+    }
+    let awaiting = timer != 0 && {
         let f = AWAITING.load(Ordering::Acquire);
         // SAFETY: only `fn() -> bool` pointers are stored in AWAITING.
         f != 0 && unsafe { std::mem::transmute::<usize, fn() -> bool>(f) }()
     };
     if !awaiting {
         // SAFETY: forwarding nginx's own call.
-        return unsafe { original(cycle, timer, flags) };
+        return unsafe { sleep(original, cycle, timer, flags) };
     }
     let start = Instant::now();
     let wakes = WAKES.load(Ordering::Relaxed);
     let budget = EVENT_LOOP_POLL.with(|p| p.borrow().budget());
     let caught = poll(start, budget);
-    if caught {
-        // SAFETY: the event loop, as when the eventfd's event runs it.
-        unsafe { on_wake(std::ptr::null_mut()) };
-    }
-    // SAFETY: forwarding nginx's own call, without blocking once caught.
-    let rc = unsafe { original(cycle, if caught { 0 } else { timer }, flags) };
+    // SAFETY: as above.
+    let rc = unsafe {
+        if caught {
+            on_wake(std::ptr::null_mut());
+            original(cycle, 0, flags)
+        } else {
+            sleep(original, cycle, timer, flags)
+        }
+    };
     // A wait that network events ended before any completion came counts
     // as a long one: on a loop kept busy by other requests, polling would
     // only hold their events back, and the poll stops.
@@ -136,6 +161,37 @@ unsafe extern "C" fn process_events(
     let came = caught || WAKES.load(Ordering::Relaxed) != wakes;
     let waited = if came { waited } else { waited.max(2 * POLL) };
     EVENT_LOOP_POLL.with(|p| p.borrow_mut().observe(waited));
+    rc
+}
+
+/// nginx's wait, which may block for `timer`: pool threads are told
+/// (SLEEPING), and a completion that came before they could see it is
+/// taken instead of blocking.
+///
+/// # Safety
+/// The event loop, forwarding nginx's call to `original`.
+unsafe fn sleep(
+    original: ProcessEvents,
+    cycle: *mut sys::ngx_cycle_t,
+    timer: sys::ngx_msec_t,
+    flags: sys::ngx_uint_t,
+) -> sys::ngx_int_t {
+    if timer == 0 {
+        // SAFETY: forwarded.
+        return unsafe { original(cycle, 0, flags) };
+    }
+    SLEEPING.store(true, Ordering::SeqCst);
+    if WAKE_PENDING.load(Ordering::SeqCst) {
+        SLEEPING.store(false, Ordering::SeqCst);
+        // SAFETY: forwarded, as in process_events.
+        unsafe {
+            on_wake(std::ptr::null_mut());
+            return original(cycle, 0, flags);
+        }
+    }
+    // SAFETY: forwarded.
+    let rc = unsafe { original(cycle, timer, flags) };
+    SLEEPING.store(false, Ordering::SeqCst);
     rc
 }
 
@@ -159,9 +215,10 @@ fn poll(start: Instant, budget: Duration) -> bool {
     }
 }
 
-/// Called by pool threads after posting a completion.
+/// Called by pool threads after posting a completion. Unless the event
+/// loop sleeps, setting the flag is the wake-up (SLEEPING).
 pub fn wake() {
-    if !WAKE_PENDING.swap(true, Ordering::AcqRel) {
+    if !WAKE_PENDING.swap(true, Ordering::SeqCst) && SLEEPING.load(Ordering::SeqCst) {
         // SAFETY: installed before threads start; the handler runs on the
         // event loop.
         unsafe { multiplex(Some(on_wake)) };
