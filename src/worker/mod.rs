@@ -158,6 +158,7 @@ impl Worker {
                 }
                 let setup = threads::ThreadSetup {
                     index: i,
+                    threads,
                     stopping: stopping.clone(),
                     stats,
                     watch: threads::Watch { running, epoch },

@@ -24,13 +24,19 @@ pub struct Histogram {
     sum_us: AtomicU64,
 }
 
+/// The bucket of a duration, and the duration in µs.
+fn bucket(d: Duration) -> (usize, u64) {
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let i = BUCKET_BOUNDS_US
+        .iter()
+        .position(|&b| us <= b)
+        .unwrap_or(BUCKETS - 1);
+    (i, us)
+}
+
 impl Histogram {
     pub fn observe(&self, d: Duration) {
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let i = BUCKET_BOUNDS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(BUCKETS - 1);
+        let (i, us) = bucket(d);
         self.buckets[i].fetch_add(1, Relaxed);
         self.sum_us.fetch_add(us, Relaxed);
     }
@@ -38,6 +44,73 @@ impl Histogram {
     fn write(&self, out: &mut Vec<u64>) {
         out.extend(self.buckets.iter().map(|b| b.load(Relaxed)));
         out.push(self.sum_us.load(Relaxed));
+    }
+}
+
+/// A histogram of one pool thread's, added to the pool's at once.
+#[derive(Default)]
+struct LocalHistogram {
+    buckets: [u64; BUCKETS],
+    sum_us: u64,
+}
+
+impl LocalHistogram {
+    fn observe(&mut self, d: Duration) {
+        let (i, us) = bucket(d);
+        self.buckets[i] += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    fn add_to(&mut self, h: &Histogram) {
+        for (local, shared) in self.buckets.iter_mut().zip(&h.buckets) {
+            if *local != 0 {
+                shared.fetch_add(std::mem::take(local), Relaxed);
+            }
+        }
+        if self.sum_us != 0 {
+            h.sum_us
+                .fetch_add(std::mem::take(&mut self.sum_us), Relaxed);
+        }
+    }
+}
+
+/// A pool thread's counts of the tasks of one claim (work.rs), added to
+/// the pool's counters when the claim ends, before its tasks count as
+/// finished: the threads of a pool share those cache lines, and the small
+/// tasks of a batch each fetched them back from the other thread.
+#[derive(Default)]
+pub struct Tally {
+    pub completed: u64,
+    pub errors: u64,
+    pub cancelled: u64,
+    wait: LocalHistogram,
+    run: LocalHistogram,
+}
+
+impl Tally {
+    /// A task's wait, from its push to its start.
+    pub fn waited(&mut self, d: Duration) {
+        self.wait.observe(d);
+    }
+
+    /// A task's run.
+    pub fn ran(&mut self, d: Duration) {
+        self.run.observe(d);
+    }
+
+    /// Adds the counts to `stats` and starts again from 0.
+    pub fn flush(&mut self, stats: &PoolStats) {
+        for (n, counter) in [
+            (&mut self.completed, &stats.completed),
+            (&mut self.errors, &stats.errors),
+            (&mut self.cancelled, &stats.cancelled),
+        ] {
+            if *n != 0 {
+                counter.fetch_add(std::mem::take(n), Relaxed);
+            }
+        }
+        self.wait.add_to(&stats.wait);
+        self.run.add_to(&stats.run);
     }
 }
 
@@ -54,10 +127,10 @@ struct Apart([u64; 8]);
 #[derive(Default)]
 pub struct PoolStats {
     pub threads: AtomicU64,
-    /// Threads running a task now.
+    /// Threads running a task now (the tasks of a claim, work.rs).
     pub busy: AtomicU64,
-    /// Tasks taken from the queue by a thread (run or skipped); `queued`
-    /// is `admitted` minus this.
+    /// Tasks claimed by a thread (to run or to skip); `queued` is
+    /// `admitted` minus this.
     pub taken: AtomicU64,
     /// Tasks whose handler returned.
     pub completed: AtomicU64,

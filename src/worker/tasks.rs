@@ -471,15 +471,15 @@ mod tests {
         };
         args.end_part();
         let work = tasks.work(POSTED, 0, args);
-        let mut bytes = work.result_buffer(0);
+        let mut buffers = Vec::new();
+        work.result_buffers(0..1, &mut buffers);
+        let mut bytes = buffers.pop().unwrap_or_default();
         bytes.resize(len, 0);
-        work.finish(
-            0,
-            Payload {
-                bytes,
-                ..Payload::default()
-            },
-        );
+        let result = Payload {
+            bytes,
+            ..Payload::default()
+        };
+        work.finish(&mut vec![(0, result)], 1);
         let results = tasks.reclaim(work);
         tasks.recycle(results);
     }

@@ -3,7 +3,7 @@
 
 use super::payload::{Payload, Pinned};
 use super::shadow::Shadow;
-use super::stats::PoolStats;
+use super::stats::{PoolStats, Tally};
 use super::tasks::{LARGE, POSTED};
 use super::watchdog::Running;
 use super::work::Job;
@@ -26,6 +26,8 @@ pub(super) const THREAD_STACK_SIZE: usize = 8 << 20;
 /// What a thread is given besides its pool's spec and channels.
 pub struct ThreadSetup {
     pub index: usize,
+    /// The pool's threads, which share the tasks of a batch.
+    pub threads: usize,
     /// Set at exit: drop queued jobs instead of running them.
     pub stopping: Arc<AtomicBool>,
     pub stats: &'static PoolStats,
@@ -43,6 +45,7 @@ pub struct Watch {
 pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, setup: ThreadSetup) {
     let ThreadSetup {
         index,
+        threads,
         stopping,
         stats,
         watch,
@@ -106,6 +109,10 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
     let mut spin = Spin::new(SPIN);
     // Payload bytes handled since the thread last gave memory back.
     let mut handled = 0;
+    // A claim's result buffers, results and counts (kept for reuse).
+    let mut buffers = Vec::new();
+    let mut results = Vec::new();
+    let mut tally = Tally::default();
     // Failures of posted tasks since the last line about them, and when.
     let mut posted_failures = 0u64;
     let mut last_logged: Option<Instant> = None;
@@ -131,163 +138,176 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         // of the job starts (a claim and a flag apart), and the job's
         // first starts when the job is taken.
         let mut now = Instant::now();
-        while let Some(i) = job.claim() {
-            PoolStats::add(&stats.taken);
-            let (args, spans) = (job.args.part(i), &job.args.spans[..]);
-            handled += args.len() + job.args.borrowed_per_task();
-            if job.cancelled().is_cancelled() {
-                PoolStats::add(&stats.cancelled);
+        while let Some(claim) = job.claim(threads) {
+            stats.taken.fetch_add(claim.len() as u64, Ordering::Relaxed);
+            PoolStats::add(&stats.busy);
+            let done_here = claim.len();
+            job.result_buffers(claim.clone(), &mut buffers);
+            for (i, bytes) in claim.zip(buffers.drain(..)) {
+                let (args, spans) = (job.args.part(i), &job.args.spans[..]);
+                handled += args.len() + job.args.borrowed_per_task();
+                if job.cancelled().is_cancelled() {
+                    tally.cancelled += 1;
+                    debug(format_args!(
+                        "task {:#x}.{i} skipped: its caller gave up",
+                        job.task
+                    ));
+                    results.push((
+                        i,
+                        Payload {
+                            bytes,
+                            ..Payload::default()
+                        },
+                    ));
+                    continue;
+                }
+                tally.waited(now.saturating_duration_since(job.queued_at));
+                let started = now;
+                watch
+                    .running
+                    .start(started.duration_since(watch.epoch), job.task);
                 debug(format_args!(
-                    "task {:#x}.{i} skipped: its caller gave up",
+                    "task {:#x}.{i} started in thread pool \"{pool}\" thread #{index}",
                     job.task
                 ));
-                if job.finish(i, Payload::default()) {
-                    complete(&done, job);
-                    break;
-                }
-                continue;
-            }
-            stats
-                .wait
-                .observe(now.saturating_duration_since(job.queued_at));
-            PoolStats::add(&stats.busy);
-            let started = now;
-            watch
-                .running
-                .start(started.duration_since(watch.epoch), job.task);
-            debug(format_args!(
-                "task {:#x}.{i} started in thread pool \"{pool}\" thread #{index}",
-                job.task
-            ));
-            let mut result = Payload {
-                bytes: job.result_buffer(i),
-                ..Payload::default()
-            };
-            let outcome = match &handler {
-                // SAFETY: whoever pushed keeps the spans' strings alive
-                // until the completion reaches the event loop, after this.
-                Ok(h) => guard::catch(|| unsafe {
-                    h.run(
-                        args,
-                        spans,
-                        &mut result.bytes,
-                        &mut result.spans,
-                        job.cancelled(),
-                    )
-                })
-                .unwrap_or_else(|panic| {
-                    run::fail(&mut result.bytes, &panic);
-                    result.spans.clear();
-                    Ran::from(Outcome::Failed)
-                }),
-                Err(msg) => {
-                    run::fail(&mut result.bytes, msg);
-                    Ran::from(Outcome::Failed)
-                }
-            };
-            let Ran {
-                outcome,
-                pin,
-                drained,
-            } = outcome;
-            if let (n @ 1.., Some(first)) = drained {
-                report(
-                    log::NGX_LOG_WARN,
-                    format_args!(
-                        "thread pool \"{pool}\" thread #{index}: {n} finalizers failed after a task: {first}"
-                    ),
-                );
-            }
-            result.failed = outcome != Outcome::Done;
-            result.pinned = pin.map(|key| Pinned::new(key, unpin_tx.clone()));
-            watch.running.finish();
-            now = Instant::now();
-            stats.run.observe(now - started);
-            PoolStats::sub(&stats.busy);
-            PoolStats::add(if result.failed {
-                &stats.errors
-            } else {
-                &stats.completed
-            });
-            debug(format_args!(
-                "task {:#x}.{i} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
-                job.task,
-                result.bytes.len()
-            ));
-            if outcome == Outcome::OutOfMemory {
-                report(
-                    log::NGX_LOG_WARN,
-                    format_args!(
-                        "thread pool \"{pool}\" thread #{index}: {}; rebuilding its Lua state",
-                        codec::NOT_ENOUGH_MEMORY
-                    ),
-                );
-                // The old state goes first: its memory is what the new one
-                // needs. If the event loop still reads strings of it, it
-                // stays until they are let go of, with its garbage collected.
-                match handler {
-                    Ok(old) if old.has_pins() => {
-                        collect(&old);
-                        retired.push(old);
-                    }
-                    _ => {}
-                }
-                handler = build();
-                // the rebuild is the next task's wait, not its run
-                now = Instant::now();
-            }
-            handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
-            if let Some(expected) = &job.expected {
-                // SAFETY: a shadow task's arguments are those Expected::task
-                // made with expected (shadow.rs keeps them together).
-                if let Some(line) = unsafe { expected.check(&job.args, &result) } {
-                    report(log::NGX_LOG_WARN, format_args!("{line}"));
-                }
-                continue;
-            }
-            if let Some(shadow) = &shadow {
-                // SAFETY: the task is not finished: the arguments' strings
-                // and the result's pin are alive.
-                unsafe { shadow.offer(&job, i, &result) };
-            }
-            if job.task == POSTED {
-                // Nobody takes the result; a failure is logged (at most
-                // once a second per thread, with how many were left
-                // unlogged).
-                if result.failed {
-                    posted_failures += 1;
-                    if last_logged.is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY) {
-                        report(
-                            log::NGX_LOG_WARN,
-                            format_args!(
-                                "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
-                                codec::error_text(&result.bytes),
-                                posted_failures
-                            ),
-                        );
-                        posted_failures = 0;
-                        last_logged = Some(Instant::now());
-                    }
-                }
-                // Nobody reads the result; the push goes back to the event
-                // loop without a wake-up, for its buffers to be freed or
-                // reused there (Worker::drain): freed here, the event
-                // loop's allocations made its malloc slow (the arena's
-                // chunks came back through this thread).
-                let spare = Payload {
-                    bytes: result.bytes,
+                let mut result = Payload {
+                    bytes,
                     ..Payload::default()
                 };
-                if job.finish(i, spare) {
-                    let _ = done.send(job);
-                    break;
+                let outcome = match &handler {
+                    // SAFETY: whoever pushed keeps the spans' strings alive
+                    // until the completion reaches the event loop, after this.
+                    Ok(h) => guard::catch(|| unsafe {
+                        h.run(
+                            args,
+                            spans,
+                            &mut result.bytes,
+                            &mut result.spans,
+                            job.cancelled(),
+                        )
+                    })
+                    .unwrap_or_else(|panic| {
+                        run::fail(&mut result.bytes, &panic);
+                        result.spans.clear();
+                        Ran::from(Outcome::Failed)
+                    }),
+                    Err(msg) => {
+                        run::fail(&mut result.bytes, msg);
+                        Ran::from(Outcome::Failed)
+                    }
+                };
+                let Ran {
+                    outcome,
+                    pin,
+                    drained,
+                } = outcome;
+                if let (n @ 1.., Some(first)) = drained {
+                    report(
+                        log::NGX_LOG_WARN,
+                        format_args!(
+                            "thread pool \"{pool}\" thread #{index}: {n} finalizers failed after a task: {first}"
+                        ),
+                    );
                 }
+                result.failed = outcome != Outcome::Done;
+                result.pinned = pin.map(|key| Pinned::new(key, unpin_tx.clone()));
+                watch.running.finish();
+                now = Instant::now();
+                tally.ran(now - started);
+                if result.failed {
+                    tally.errors += 1;
+                } else {
+                    tally.completed += 1;
+                }
+                debug(format_args!(
+                    "task {:#x}.{i} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
+                    job.task,
+                    result.bytes.len()
+                ));
+                if outcome == Outcome::OutOfMemory {
+                    report(
+                        log::NGX_LOG_WARN,
+                        format_args!(
+                            "thread pool \"{pool}\" thread #{index}: {}; rebuilding its Lua state",
+                            codec::NOT_ENOUGH_MEMORY
+                        ),
+                    );
+                    // The old state goes first: its memory is what the new one
+                    // needs. If the event loop still reads strings of it, it
+                    // stays until they are let go of, with its garbage collected.
+                    match handler {
+                        Ok(old) if old.has_pins() => {
+                            collect(&old);
+                            retired.push(old);
+                        }
+                        _ => {}
+                    }
+                    handler = build();
+                    // the rebuild is the next task's wait, not its run
+                    now = Instant::now();
+                }
+                handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
+                if let Some(expected) = &job.expected {
+                    // SAFETY: a shadow task's arguments are those Expected::task
+                    // made with expected (shadow.rs keeps them together).
+                    if let Some(line) = unsafe { expected.check(&job.args, &result) } {
+                        report(log::NGX_LOG_WARN, format_args!("{line}"));
+                    }
+                    continue;
+                }
+                if let Some(shadow) = &shadow {
+                    // SAFETY: the task is not finished: the arguments' strings
+                    // and the result's pin are alive.
+                    unsafe { shadow.offer(&job, i, &result) };
+                }
+                if job.task == POSTED {
+                    // Nobody takes the result; a failure is logged (at most
+                    // once a second per thread, with how many were left
+                    // unlogged).
+                    if result.failed {
+                        posted_failures += 1;
+                        if last_logged.is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY) {
+                            report(
+                                log::NGX_LOG_WARN,
+                                format_args!(
+                                    "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
+                                    codec::error_text(&result.bytes),
+                                    posted_failures
+                                ),
+                            );
+                            posted_failures = 0;
+                            last_logged = Some(Instant::now());
+                        }
+                    }
+                    // Nobody reads the result: only its buffer goes back.
+                    result = Payload {
+                        bytes: result.bytes,
+                        ..Payload::default()
+                    };
+                }
+                results.push((i, result));
+            }
+            // The claim's counts are the pool's before its tasks count as
+            // finished (Work::left).
+            tally.flush(stats);
+            PoolStats::sub(&stats.busy);
+            if job.expected.is_some() {
+                // a shadow task: nobody takes it back, it ends here
                 continue;
             }
-            if job.finish(i, result) {
-                // Sent, not cloned: the event loop, the last to hold the
-                // push, keeps its buffers for reuse (work.rs).
-                complete(&done, job);
+            if job.finish(&mut results, done_here) {
+                if job.task == POSTED {
+                    // Nobody waits: the push goes back to the event loop
+                    // without a wake-up, for its buffers to be freed or
+                    // reused there (Worker::drain): freed here, the event
+                    // loop's allocations made its malloc slow (the arena's
+                    // chunks came back through this thread).
+                    let _ = done.send(job);
+                } else {
+                    // Sent, not cloned: the event loop, the last to hold
+                    // the push, keeps its buffers for reuse (work.rs).
+                    complete(&done, job);
+                }
                 break;
             }
         }

@@ -5,15 +5,19 @@
 //! A single task and a batch (`push_tasks`) are the same thing: a batch is
 //! one Work with one part per task. The event loop sends it to as many
 //! threads as it has tasks, up to the pool's size; each thread that gets it
-//! claims tasks one at a time until none is left, so a batch of heavy
+//! claims tasks until none is left, a share of what is left at a time
+//! (guided: the shares shrink to one task at the end), so a batch of heavy
 //! tasks still spreads over the pool while a batch of small ones costs one
-//! send per thread, not one per task. The thread that finishes the last
-//! task sends the completion and wakes the event loop, once per push.
+//! send per thread, not one per task, and few claims. A thread stores a
+//! claim's results and counts them finished at once. The thread that
+//! finishes the last task sends the completion and wakes the event loop,
+//! once per push.
 
 use super::compare::Expected;
 use super::payload::{Args, Payload};
 use super::tasks::{TaskId, POSTED};
 use crate::run::Cancel;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -33,8 +37,9 @@ pub struct Work {
     /// The next task to claim; past the end once all are claimed.
     next: AtomicUsize,
     /// Tasks not finished. The thread that takes it to 0 sends the
-    /// completion: AcqRel, so that every other thread's result, stored
-    /// before its own decrement, is visible to it and to the event loop.
+    /// completion: AcqRel, so that every other thread's results and
+    /// counts, stored before its own decrement, are visible to it and to
+    /// the event loop.
     left: AtomicUsize,
     /// Each task's result, stored by the thread that ran it. Until then
     /// its slot holds the buffer the thread encodes it in, from the event
@@ -124,10 +129,28 @@ impl Work {
         self.args.count()
     }
 
-    /// The next task this thread runs, None once every one was claimed.
-    pub fn claim(&self) -> Option<usize> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        (i < self.count()).then_some(i)
+    /// The next tasks this thread runs, None once every one was claimed:
+    /// a share of those left among `sharers` threads (half of an even
+    /// share, so that the last claims are small and the threads finish
+    /// together), at least one.
+    pub fn claim(&self, sharers: usize) -> Option<Range<usize>> {
+        let n = self.count();
+        let mut next = self.next.load(Ordering::Relaxed);
+        loop {
+            if next >= n {
+                return None;
+            }
+            let k = ((n - next) / (2 * sharers.max(1))).max(1);
+            match self.next.compare_exchange_weak(
+                next,
+                next + k,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(next..next + k),
+                Err(now) => next = now,
+            }
+        }
     }
 
     /// The push's flag that its caller gave up (shared by its tasks).
@@ -135,24 +158,33 @@ impl Work {
         &self.cancelled
     }
 
-    /// The buffer that task `i`'s result is written in, with room for the
-    /// usual small results at once.
-    pub fn result_buffer(&self, i: usize) -> Vec<u8> {
-        let mut buf = self
-            .lock()
-            .get_mut(i)
-            .map(|p| std::mem::take(&mut p.bytes))
-            .unwrap_or_default();
-        buf.reserve(RESULT_CAPACITY);
-        buf
+    /// The buffers that the results of the tasks of `claim` are written
+    /// in, appended to `out` in task order, with room for the usual small
+    /// results at once.
+    pub fn result_buffers(&self, claim: Range<usize>, out: &mut Vec<Vec<u8>>) {
+        let mut results = self.lock();
+        out.extend(claim.map(|i| {
+            let mut buf = results
+                .get_mut(i)
+                .map(|p| std::mem::take(&mut p.bytes))
+                .unwrap_or_default();
+            buf.reserve(RESULT_CAPACITY);
+            buf
+        }));
     }
 
-    /// Stores the result of task `i`: true if it was the last to finish.
-    pub fn finish(&self, i: usize, result: Payload) -> bool {
-        if let Some(slot) = self.lock().get_mut(i) {
-            *slot = result;
+    /// Stores the results of a claim's tasks (task, result), which `done`
+    /// counts, and counts them finished: true if they were the last.
+    pub fn finish(&self, results: &mut Vec<(usize, Payload)>, done: usize) -> bool {
+        if !results.is_empty() {
+            let mut slots = self.lock();
+            for (i, result) in results.drain(..) {
+                if let Some(slot) = slots.get_mut(i) {
+                    *slot = result;
+                }
+            }
         }
-        self.left.fetch_sub(1, Ordering::AcqRel) == 1
+        done != 0 && self.left.fetch_sub(done, Ordering::AcqRel) == done
     }
 
     /// The results, in task order, and, if no pool thread holds the push
@@ -179,6 +211,29 @@ impl Work {
 mod tests {
     use super::*;
 
+    /// Claims take a share of what is left, shrinking to one task, and
+    /// cover every task once.
+    #[test]
+    fn claims_shrink_and_cover_the_tasks() {
+        let mut args = Args::default();
+        for _ in 0..64 {
+            args.bytes.push(0xc0);
+            args.end_part();
+        }
+        let job = Work::new(None, 1, 0, args, Vec::new(), Vec::new);
+        let mut claims = Vec::new();
+        while let Some(c) = job.claim(2) {
+            claims.push(c);
+        }
+        let sizes: Vec<usize> = claims.iter().map(|c| c.len()).collect();
+        assert_eq!(sizes[0], 16, "{sizes:?}");
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert_eq!(sizes.last(), Some(&1));
+        assert!(claims.windows(2).all(|w| w[0].end == w[1].start));
+        assert_eq!(claims.last().map(|c| c.end), Some(64));
+        assert!(job.claim(2).is_none());
+    }
+
     /// A push's buffers come back to the event loop for reuse: a result is
     /// written in the buffer the push supplied, and the arguments and the
     /// push itself are handed back once no pool thread holds it.
@@ -198,14 +253,17 @@ mod tests {
         });
         let shared = job.clone();
         std::thread::spawn(move || {
-            let i = shared.claim().expect("one task");
-            let mut bytes = shared.result_buffer(i);
+            let claim = shared.claim(2).expect("one task");
+            assert_eq!(claim, 0..1);
+            let mut buffers = Vec::new();
+            shared.result_buffers(claim, &mut buffers);
+            let mut bytes = buffers.pop().expect("its buffer");
             bytes.push(0xc3);
             let result = Payload {
                 bytes,
                 ..Payload::default()
             };
-            assert!(shared.finish(i, result), "the only task");
+            assert!(shared.finish(&mut vec![(0, result)], 1), "the only task");
         })
         .join()
         .expect("the pool thread");
