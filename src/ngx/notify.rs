@@ -145,7 +145,9 @@ unsafe extern "C" fn process_events(
     let wakes = WAKES.load(Ordering::Relaxed);
     let budget = EVENT_LOOP_POLL.with(|p| p.borrow().budget());
     let caught = poll(start, budget);
-    // SAFETY: as above.
+    // SAFETY: on the event loop, inside nginx's call: a caught completion
+    // is taken as the eventfd's handler would take it, then nginx's call
+    // goes on, without blocking once something was taken.
     let rc = unsafe {
         if caught {
             on_wake(std::ptr::null_mut());
@@ -177,19 +179,21 @@ unsafe fn sleep(
     flags: sys::ngx_uint_t,
 ) -> sys::ngx_int_t {
     if timer == 0 {
-        // SAFETY: forwarded.
+        // SAFETY: nginx's own call, which does not block.
         return unsafe { original(cycle, 0, flags) };
     }
     SLEEPING.store(true, Ordering::SeqCst);
     if WAKE_PENDING.load(Ordering::SeqCst) {
         SLEEPING.store(false, Ordering::SeqCst);
-        // SAFETY: forwarded, as in process_events.
+        // SAFETY: on the event loop: the completion is taken as the
+        // eventfd's handler would take it; nginx's call then does not block.
         unsafe {
             on_wake(std::ptr::null_mut());
             return original(cycle, 0, flags);
         }
     }
-    // SAFETY: forwarded.
+    // SAFETY: nginx's own call; a completion that comes while it blocks
+    // writes the eventfd, whose handler runs inside it.
     let rc = unsafe { original(cycle, timer, flags) };
     SLEEPING.store(false, Ordering::SeqCst);
     rc
