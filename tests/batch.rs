@@ -11,8 +11,11 @@ const HTTP: &str = r#"
     thread_pool_process_by_lua_block work {
         local ffi = require "ffi"
         ffi.cdef "int usleep(unsigned int usec);"
+        -- this thread's Lua state: a table's address is its own
+        local me = (tostring({}):gsub("%W", ""))
         return function(op, x)
             if op == "err" then error("boom " .. tostring(x), 0) end
+            if op == "who" then ffi.C.usleep(x * 1e6) return me end
             if op == "multi" then return 1, nil, 3 end
             if op == "sleep" then ffi.C.usleep(x * 1e6) return "slept" end
             if op == "square" then return x * x end
@@ -188,4 +191,23 @@ fn only_where_a_coroutine_may_yield() {
         "{}",
         ngx.error_log()
     );
+}
+
+/// The tasks of a batch of slow ones spread over the pool's threads: a
+/// thread claims a share of those left, down to one (work.rs), so the
+/// other thread takes its share while the first one runs.
+#[test]
+fn a_batch_of_slow_tasks_spreads_over_the_threads() {
+    let ngx = start();
+    let list = (0..8).map(|_| r#"{"who", 0.05}"#).collect::<Vec<_>>();
+    let out = run(&ngx, &format!("{{ {} }}", list.join(", ")), "");
+    let (n, results) = out.split_once(' ').expect("a count and results");
+    assert_eq!(n, "8", "{out}");
+    let mut by_thread = std::collections::BTreeMap::new();
+    for r in results.split(' ') {
+        *by_thread.entry(r).or_insert(0) += 1;
+    }
+    assert_eq!(by_thread.len(), 2, "{out}");
+    assert!(by_thread.values().all(|&k| k >= 2), "{out}");
+    ngx.assert_clean_log();
 }
