@@ -125,12 +125,8 @@ unsafe extern "C" fn process_events(
     let original: ProcessEvents =
         unsafe { std::mem::transmute::<usize, ProcessEvents>(PROCESS.load(Ordering::Acquire)) };
     if WAKE_PENDING.load(Ordering::Acquire) {
-        // SAFETY: the event loop, as when the eventfd's event runs it;
-        // then forwarding nginx's own call, without blocking.
-        unsafe {
-            on_wake(std::ptr::null_mut());
-            return original(cycle, 0, flags);
-        }
+        // SAFETY: forwarding nginx's own call, on the event loop.
+        return unsafe { take_then_look(original, cycle, flags) };
     }
     let awaiting = timer != 0 && {
         let f = AWAITING.load(Ordering::Acquire);
@@ -145,13 +141,10 @@ unsafe extern "C" fn process_events(
     let wakes = WAKES.load(Ordering::Relaxed);
     let budget = EVENT_LOOP_POLL.with(|p| p.borrow().budget());
     let caught = poll(start, budget);
-    // SAFETY: on the event loop, inside nginx's call: a caught completion
-    // is taken as the eventfd's handler would take it, then nginx's call
-    // goes on, without blocking once something was taken.
+    // SAFETY: forwarding nginx's own call, on the event loop.
     let rc = unsafe {
         if caught {
-            on_wake(std::ptr::null_mut());
-            original(cycle, 0, flags)
+            take_then_look(original, cycle, flags)
         } else {
             sleep(original, cycle, timer, flags)
         }
@@ -185,18 +178,33 @@ unsafe fn sleep(
     SLEEPING.store(true, Ordering::SeqCst);
     if WAKE_PENDING.load(Ordering::SeqCst) {
         SLEEPING.store(false, Ordering::SeqCst);
-        // SAFETY: on the event loop: the completion is taken as the
-        // eventfd's handler would take it; nginx's call then does not block.
-        unsafe {
-            on_wake(std::ptr::null_mut());
-            return original(cycle, 0, flags);
-        }
+        // SAFETY: forwarded from the caller.
+        return unsafe { take_then_look(original, cycle, flags) };
     }
     // SAFETY: nginx's own call; a completion that comes while it blocks
     // writes the eventfd, whose handler runs inside it.
     let rc = unsafe { original(cycle, timer, flags) };
     SLEEPING.store(false, Ordering::SeqCst);
     rc
+}
+
+/// Takes the completions that came, as the eventfd's handler would, then
+/// has nginx look at its events without blocking: the semaphores they
+/// posted run after nginx's call returns.
+///
+/// # Safety
+/// The event loop, forwarding nginx's call to `original`.
+unsafe fn take_then_look(
+    original: ProcessEvents,
+    cycle: *mut sys::ngx_cycle_t,
+    flags: sys::ngx_uint_t,
+) -> sys::ngx_int_t {
+    // SAFETY: on the event loop, where on_wake runs as the eventfd's
+    // handler; nginx's call with a zero timer does not block.
+    unsafe {
+        on_wake(std::ptr::null_mut());
+        original(cycle, 0, flags)
+    }
 }
 
 /// Polls the wake-up flag until `budget` has passed since `start`: whether
