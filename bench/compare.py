@@ -96,11 +96,11 @@ def selected(cells, patterns):
     pats = [p.strip() for p in patterns.split(",") if p.strip()]
     if not pats:
         return cells
-    hit = {(c, p) for v, c, p in cells
-           if any(fnmatch.fnmatchcase(f"{v}|{c}|{p}", pat) for pat in pats)}
+    chosen = [(v, c, p) for v, c, p in cells
+              if any(fnmatch.fnmatchcase(f"{v}|{c}|{p}", pat) for pat in pats)]
+    hit = {(c, p) for _, c, p in chosen}
     return [(v, c, p) for v, c, p in cells
-            if (c, p) in hit and (v == "rwt" or any(
-                fnmatch.fnmatchcase(f"{v}|{c}|{p}", pat) for pat in pats))]
+            if (v, c, p) in chosen or (v == "rwt" and (c, p) in hit)]
 
 
 def paired(rounds, key, k):
