@@ -23,6 +23,7 @@
 use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
 use crate::ffi::{BAD_CONTEXT, DECLINED, ERROR, OK};
+use crate::lua::stack;
 use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, request_of, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
@@ -287,48 +288,57 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
 /// field, when a number, counts its values. One record, one wait.
 unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua with the shim's arguments (list at 3, a
-    // table); each entry is pushed at 5, above the count.
+    // table); each entry is pushed at 5, above the count, with the walk's
+    // slots reserved above it.
     unsafe {
         let pool = int_arg(l, 1) as usize;
         let count = int_arg(l, 4).max(0) as usize;
         let borrow = borrow_of(l, pool);
         lua::lua_settop(l, 4);
+        if !codec::reserve_walk(l, 2) {
+            return refused(l, ERROR, &codec::stack_overflow().to_string());
+        }
         let mut args = new_args();
         let mut counts = Vec::with_capacity(count);
         // An entry stays on the stack only while it is walked: a batch
         // may hold more tasks than a C function's stack may hold values.
         const ENTRY: c_int = 5;
-        for i in 1..=count {
-            lua::lua_rawgeti_(l, 3, i as c_int);
-            if lua::lua_type(l, ENTRY) != lua::LUA_TTABLE {
-                return refused(
+        // One guard for the whole list: nothing in it raises (raw reads,
+        // and walks whose slots are reserved).
+        let walked = guard::catch(|| {
+            for i in 1..=count {
+                lua::lua_rawgeti_(l, 3, i as c_int);
+                if lua::lua_type(l, ENTRY) != lua::LUA_TTABLE {
+                    return Err(format!("task {i}: expected a table of arguments"));
+                }
+                lua::lua_pushvalue(l, N_KEY);
+                lua::lua_rawget(l, ENTRY);
+                let n = if lua::lua_type(l, -1) == lua::LUA_TNUMBER {
+                    lua::lua_tonumber(l, -1).max(0.0) as usize
+                } else {
+                    lua::lua_objlen(l, ENTRY)
+                };
+                lua::lua_settop(l, ENTRY);
+                let entry = Source::Array(ENTRY);
+                codec::write_walked(
                     l,
-                    ERROR,
-                    &format!("task {i}: expected a table of arguments"),
-                );
+                    entry,
+                    n,
+                    "argument",
+                    borrow,
+                    &mut args.bytes,
+                    &mut args.spans,
+                )
+                .map_err(|e| format!("task {i}: {e}"))?;
+                lua::lua_settop(l, 4);
+                args.end_part();
+                counts.push(n);
             }
-            lua::lua_pushvalue(l, N_KEY);
-            lua::lua_rawget(l, ENTRY);
-            let n = if lua::lua_type(l, -1) == lua::LUA_TNUMBER {
-                lua::lua_tonumber(l, -1).max(0.0) as usize
-            } else {
-                lua::lua_objlen(l, ENTRY)
-            };
-            lua::lua_settop(l, ENTRY);
-            if let Err(e) = codec::write_values(
-                l,
-                Source::Array(ENTRY),
-                n,
-                "argument",
-                borrow,
-                &mut args.bytes,
-                &mut args.spans,
-            ) {
-                return refused(l, ERROR, &format!("task {i}: {e}"));
-            }
+            Ok(())
+        });
+        if let Err(msg) = walked.unwrap_or_else(|panic| Err(format!("panic: {panic}"))) {
             lua::lua_settop(l, 4);
-            args.end_part();
-            counts.push(n);
+            return refused(l, ERROR, &msg);
         }
         queue(l, pool, args, Values::List(3, &counts), borrow)
     }
@@ -554,38 +564,43 @@ unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
 /// `results = results(task)`: a batch's results in task order, each
 /// `{ true, values..., n = k }` or `{ false, err, n = 2 }`.
 unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
-    // SAFETY: as in result; each entry is built above the results table
-    // and stored in it before the next.
+    // SAFETY: as in result; the payloads are read before anything is
+    // pushed, and each entry is built above the results table and stored
+    // in it before the next.
     unsafe {
         let Some(results) = take(l) else {
             return nil_and(l, "no result");
         };
+        let payloads = results.iter().map(|p| (&p.bytes[..], &p.spans[..]));
+        let entries = match codec::read_entries(payloads) {
+            Ok(entries) => entries,
+            Err(e) => return nil_and(l, &e.to_string()),
+        };
         lua::lua_settop(l, 0);
+        if !stack::reserve(l, codec::NEST_SLOTS + 4) {
+            return nil_and(l, &codec::stack_overflow().to_string());
+        }
         lua::lua_createtable(l, results.len() as c_int, 0);
         for (i, p) in results.iter().enumerate() {
-            lua::lua_createtable(l, 2, 1);
-            let entry = lua::lua_gettop(l);
-            lua::lua_pushboolean(l, c_int::from(!p.failed));
-            lua::lua_rawseti_(l, entry, 1);
-            let k = match codec::push_values(l, &p.bytes, &p.spans) {
-                Ok(k) => k,
+            let read = entries.count(i);
+            let k = read.unwrap_or(1);
+            lua::lua_createtable(l, k as c_int + 1, 1);
+            lua::lua_pushboolean(l, c_int::from(read.is_ok() && !p.failed));
+            lua::lua_rawseti_(l, -2, 1);
+            match read {
+                Ok(_) => entries.set(l, i),
                 Err(e) => {
                     let msg = e.to_string();
-                    lua::lua_settop(l, entry);
-                    lua::lua_pushboolean(l, 0);
-                    lua::lua_rawseti_(l, entry, 1);
                     lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
-                    1
+                    lua::lua_rawseti_(l, -2, 2);
                 }
-            };
-            for j in (1..=k as c_int).rev() {
-                lua::lua_rawseti_(l, entry, j + 1);
             }
             lua::lua_pushvalue(l, N_KEY);
             lua::lua_pushnumber(l, (k + 1) as f64);
-            lua::lua_rawset(l, entry);
+            lua::lua_rawset(l, -3);
             lua::lua_rawseti_(l, 1, i as c_int + 1);
         }
+        drop(entries);
         recycle(results);
         1
     }

@@ -24,9 +24,29 @@ pub struct Decoded<'a> {
 pub unsafe fn decode<'a>(
     bytes: &'a [u8],
     spans: &'a [Span],
-    ops: Vec<Op<'a>>,
+    mut ops: Vec<Op<'a>>,
 ) -> Result<Decoded<'a>, CodecError> {
-    decode_inner(bytes, spans, ops).map_err(CodecError::BadPayload)
+    let n = read(bytes, spans, &mut ops, Op::Place).map_err(CodecError::BadPayload)?;
+    Ok(Decoded { n, ops })
+}
+
+/// As decode, with ops that set value `i` at index `i + 1` of the table on
+/// top of the stack (a batch's result entry, whose `[1]` is the task's
+/// status) rather than in value slots: the value count. On error `ops` is
+/// left as it was.
+///
+/// # Safety
+/// As decode.
+pub unsafe fn decode_entry<'a>(
+    bytes: &'a [u8],
+    spans: &'a [Span],
+    ops: &mut Vec<Op<'a>>,
+) -> Result<usize, CodecError> {
+    let start = ops.len();
+    read(bytes, spans, ops, |pos| Op::SetIndex(pos + 1)).map_err(|e| {
+        ops.truncate(start);
+        CodecError::BadPayload(e)
+    })
 }
 
 /// An empty buffer of ops for another lifetime, keeping `ops`'
@@ -37,11 +57,14 @@ pub fn reuse<'a>(mut ops: Vec<Op<'_>>) -> Vec<Op<'a>> {
     ops.into_iter().map(|_| Op::Null).collect()
 }
 
-fn decode_inner<'a>(
+/// Reads a payload into `ops`, each value then `place(position)`: the
+/// value count.
+fn read<'a>(
     bytes: &'a [u8],
     spans: &'a [Span],
-    ops: Vec<Op<'a>>,
-) -> Result<Decoded<'a>, String> {
+    ops: &mut Vec<Op<'a>>,
+    place: impl Fn(c_int) -> Op<'a>,
+) -> Result<usize, String> {
     let mut rd = Reader {
         rest: bytes,
         ops,
@@ -69,18 +92,18 @@ fn decode_inner<'a>(
             .ok_or("bad position")?;
         rd.value(0)?;
         // n <= MAX_VALUES fits a c_int
-        rd.ops.push(Op::Place(pos as c_int));
+        rd.ops.push(place(pos as c_int));
     }
     if !rd.rest.is_empty() {
         return Err("trailing bytes".into());
     }
-    Ok(Decoded { n, ops: rd.ops })
+    Ok(n)
 }
 
 /// A payload being read into ops, a marker at a time.
-struct Reader<'a> {
+struct Reader<'a, 'o> {
     rest: &'a [u8],
-    ops: Vec<Op<'a>>,
+    ops: &'o mut Vec<Op<'a>>,
     /// Upper bound for table preallocation: a count in a corrupt payload
     /// must not make us allocate more than the payload could hold.
     cap: usize,
@@ -98,7 +121,7 @@ enum Pushed {
 
 const TRUNCATED: &str = "truncated payload";
 
-impl<'a> Reader<'a> {
+impl<'a> Reader<'a, '_> {
     #[inline(always)]
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         if self.rest.len() < n {

@@ -71,19 +71,70 @@ pub unsafe fn write_values(
     spans: &mut Vec<Span>,
 ) -> Result<usize, CodecError> {
     // SAFETY: forwarded from the caller.
-    if !unsafe { stack::reserve(l, WALK_SLOTS) } {
+    if !unsafe { reserve_walk(l, 0) } {
         return Err(stack_overflow());
     }
     let (start, borrowed) = (out.len(), spans.len());
-    // SAFETY: forwarded from the caller, with the slots reserved. A walk
-    // that stopped at an error leaves what it pushed: the top is put back.
+    // SAFETY: forwarded from the caller, with the slots reserved.
     let res = unsafe {
         let top = ffi::lua_gettop(l);
-        let sink = Sink::Spans(&mut *spans);
-        let res = guard::catch(|| encode_into(l, src, n, what, borrow, Some(&mut *out), sink))
+        let res = guard::catch(|| write_walked(l, src, n, what, borrow, &mut *out, &mut *spans))
             .map_err(|panic| CodecError::Value(format!("panic: {panic}")));
         ffi::lua_settop(l, top);
         res.and_then(|r| r)
+    };
+    if res.is_err() {
+        out.truncate(start);
+        spans.truncate(borrowed);
+    }
+    res
+}
+
+/// Makes room for a walk (`write_walked`) above `extra` more slots: false
+/// when the stack cannot grow that far.
+///
+/// # Safety
+/// `l` must be a live state of this thread. May raise (out of memory):
+/// call it where a Lua error may unwind.
+pub unsafe fn reserve_walk(l: *mut lua_State, extra: usize) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe { stack::reserve(l, WALK_SLOTS + extra) }
+}
+
+/// As write_values, without reserving the stack or a guard of its own:
+/// for a caller that reserved the walk (`reserve_walk`) and walks many
+/// sets of values under one panic guard (a batch's arguments).
+///
+/// # Safety
+/// As write_values, with the walk's slots reserved above the top. Raises
+/// nothing.
+pub unsafe fn write_walked(
+    l: *mut lua_State,
+    src: Source,
+    n: usize,
+    what: &str,
+    borrow: Option<Borrow>,
+    out: &mut Vec<u8>,
+    spans: &mut Vec<Span>,
+) -> Result<usize, CodecError> {
+    let (start, borrowed) = (out.len(), spans.len());
+    // SAFETY: forwarded from the caller. A walk that stopped at an error
+    // leaves what it pushed: the top is put back.
+    let res = unsafe {
+        let top = ffi::lua_gettop(l);
+        let res = encode_into(
+            l,
+            src,
+            n,
+            what,
+            borrow,
+            Some(&mut *out),
+            Sink::Spans(&mut *spans),
+        );
+        if res.is_err() {
+            ffi::lua_settop(l, top);
+        }
+        res
     };
     if res.is_err() {
         out.truncate(start);

@@ -31,7 +31,9 @@ mod value;
 mod wire;
 
 pub use decode::{decode, error_text, reuse, Decoded};
-pub use encode::{anchor, stack_overflow, write_values, Borrow, Source};
+pub use encode::{
+    anchor, reserve_walk, stack_overflow, write_values, write_walked, Borrow, Source,
+};
 pub use message::{lua_type_name, size_message};
 pub use value::{values, Value, Values};
 pub use wire::{
@@ -71,6 +73,64 @@ pub unsafe fn push_values(
         Ok(decoded.n)
     } else {
         Err(encode::stack_overflow())
+    }
+}
+
+/// The payloads of a batch's results, read at once under one panic
+/// guard: each sets its values into its own entry table (`set`).
+pub struct Entries<'a> {
+    ops: Vec<stack::Op<'a>>,
+    /// Per payload: its value count or why it could not be read, and
+    /// where its ops end.
+    read: Vec<(Result<usize, CodecError>, usize)>,
+}
+
+/// Reads `payloads` (bytes, borrowed spans) for `Entries::set`; an error
+/// when a panic stopped the reading.
+///
+/// # Safety
+/// The spans' bytes must be alive for `'a`.
+pub unsafe fn read_entries<'a>(
+    payloads: impl ExactSizeIterator<Item = (&'a [u8], &'a [Span])>,
+) -> Result<Entries<'a>, CodecError> {
+    let mut ops = reuse(SPARE_OPS.take());
+    let mut read = Vec::with_capacity(payloads.len());
+    guard::catch(|| {
+        for (bytes, spans) in payloads {
+            // SAFETY: forwarded from the caller.
+            let n = unsafe { decode::decode_entry(bytes, spans, &mut ops) };
+            read.push((n, ops.len()));
+        }
+    })
+    .map_err(|panic| CodecError::BadPayload(format!("panic: {panic}")))?;
+    Ok(Entries { ops, read })
+}
+
+impl Entries<'_> {
+    /// The value count of payload `i`, or why it could not be read.
+    pub fn count(&self, i: usize) -> Result<usize, &CodecError> {
+        self.read[i].0.as_ref().copied()
+    }
+
+    /// Sets the values of payload `i`, value `j` at index `j + 1`, in the
+    /// table on top of the stack of `l` (nothing for a payload that could
+    /// not be read).
+    ///
+    /// # Safety
+    /// `l` must be a live state of this thread with a table on top and
+    /// NEST_SLOTS reserved above it. Allocates, so it may raise: call it
+    /// where a Lua error may unwind.
+    pub unsafe fn set(&self, l: *mut lua_State, i: usize) {
+        let start = if i == 0 { 0 } else { self.read[i - 1].1 };
+        // SAFETY: forwarded from the caller; the ops of one payload,
+        // from the decoder, set into the table below each value.
+        unsafe { stack::run(l, 0, &self.ops[start..self.read[i].1]) }
+    }
+}
+
+impl Drop for Entries<'_> {
+    fn drop(&mut self) {
+        SPARE_OPS.set(reuse(std::mem::take(&mut self.ops)));
     }
 }
 

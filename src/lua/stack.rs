@@ -196,16 +196,29 @@ pub enum Op<'a> {
 /// within 1..=n). Allocates, so it may raise: call it where a Lua error
 /// may unwind (it leaves the stack with extra values then).
 pub unsafe fn build(l: *mut lua_State, n: usize, slots: usize, ops: &[Op]) -> bool {
-    // SAFETY: forwarded from the caller; the pushes below have the slots
-    // reserved here, and each Set and Place finds what it pops (the
-    // decoder's ops). LuaJIT copies the bytes of a string and reads none
-    // when the length is 0 (the pointer is then dangling but non-null).
+    // SAFETY: forwarded from the caller, with the slots reserved here.
     unsafe {
         if !reserve(l, n + slots) {
             return false;
         }
         let base = ffi::lua_gettop(l);
         ffi::lua_settop(l, base + n as c_int);
+        run(l, base, ops);
+    }
+    true
+}
+
+/// Runs `ops`: a Place(i) fills slot `base + i`.
+///
+/// # Safety
+/// As build, with the slots `ops` need reserved and, for a Place, its
+/// slot on the stack.
+pub unsafe fn run(l: *mut lua_State, base: c_int, ops: &[Op]) {
+    // SAFETY: forwarded from the caller; each Set and Place finds what it
+    // pops (the decoder's ops). LuaJIT copies the bytes of a string and
+    // reads none when the length is 0 (the pointer is then dangling but
+    // non-null).
+    unsafe {
         for op in ops {
             match *op {
                 Op::Null => ffi::lua_pushlightuserdata(l, std::ptr::null_mut()),
@@ -219,5 +232,4 @@ pub unsafe fn build(l: *mut lua_State, n: usize, slots: usize, ops: &[Op]) -> bo
             }
         }
     }
-    true
 }

@@ -423,3 +423,44 @@ fn anchored(lua: &Lua, vals: &MultiValue, borrow: Borrow, end: c_int) -> mlua::R
     assert_eq!(next as usize, t.raw_len() + 1, "anchor's next index");
     Ok(t)
 }
+
+/// A batch's results are read at once: each payload sets its own values,
+/// value j at index j + 1 of its entry, and a bad one among them (here
+/// after a value it had read) sets nothing and moves no other's.
+#[test]
+fn a_batch_reads_each_payload_on_its_own() -> R {
+    let lua = new_lua()?;
+    let payloads: [&[u8]; 3] = [
+        b"\x02\x82\x01\xa1a\x02\x01",
+        b"\x01\x81\x01\xa1x\x00",
+        b"\x02\x81\x02\xc3",
+    ];
+    // SAFETY: no spans.
+    let entries = unsafe { read_entries(payloads.iter().map(|&b| (b, &[][..]))) }
+        .map_err(|e| e.to_string())?;
+    let count = |i| entries.count(i).map_err(|e| e.to_string());
+    assert_eq!(count(0), Ok(2));
+    assert_eq!(count(1), Err("bad payload: trailing bytes".into()));
+    assert_eq!(count(2), Ok(2));
+    // SAFETY: exec_raw runs the closure in a protected call, where set may
+    // raise; each entry is the table on top, with room above it.
+    let tables = unsafe {
+        lua.exec_raw::<MultiValue>((), |l| {
+            for i in 0..payloads.len() {
+                ffi::lua_createtable(l, 0, 0);
+                entries.set(l, i);
+            }
+        })
+    }?;
+    let t: Vec<Table> = tables
+        .into_iter()
+        .map(|v| v.as_table().cloned().expect("a table"))
+        .collect();
+    assert_eq!(t[0].raw_get::<String>(2)?, "a");
+    assert_eq!(t[0].raw_get::<i64>(3)?, 1);
+    assert_eq!(t[1].pairs::<Value, Value>().count(), 0);
+    assert_eq!(t[2].raw_get::<Value>(2)?, Value::Nil);
+    assert!(t[2].raw_get::<bool>(3)?);
+    assert_eq!(t[2].pairs::<Value, Value>().count(), 1);
+    Ok(())
+}
