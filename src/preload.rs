@@ -564,43 +564,47 @@ unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
 /// `results = results(task)`: a batch's results in task order, each
 /// `{ true, values..., n = k }` or `{ false, err, n = 2 }`.
 unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
-    // SAFETY: as in result; the payloads are read before anything is
-    // pushed, and each entry is built above the results table and stored
-    // in it before the next.
+    // SAFETY: as in result; the payloads are read, some at a time, before
+    // their entries are built, and each entry is built above the results
+    // table and stored in it before the next.
     unsafe {
         let Some(results) = take(l) else {
             return nil_and(l, "no result");
-        };
-        let payloads = results.iter().map(|p| (&p.bytes[..], &p.spans[..]));
-        let entries = match codec::read_entries(payloads) {
-            Ok(entries) => entries,
-            Err(e) => return nil_and(l, &e.to_string()),
         };
         lua::lua_settop(l, 0);
         if !stack::reserve(l, codec::NEST_SLOTS + 4) {
             return nil_and(l, &codec::stack_overflow().to_string());
         }
         lua::lua_createtable(l, results.len() as c_int, 0);
-        for (i, p) in results.iter().enumerate() {
-            let read = entries.count(i);
-            let k = read.unwrap_or(1);
-            lua::lua_createtable(l, k as c_int + 1, 1);
-            lua::lua_pushboolean(l, c_int::from(read.is_ok() && !p.failed));
-            lua::lua_rawseti_(l, -2, 1);
-            match read {
-                Ok(_) => entries.set(l, i),
-                Err(e) => {
-                    let msg = e.to_string();
-                    lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
-                    lua::lua_rawseti_(l, -2, 2);
+        let mut built = 0;
+        while built < results.len() {
+            let rest = &results[built..];
+            let payloads = rest.iter().map(|p| (&p.bytes[..], &p.spans[..]));
+            let entries = match codec::read_entries(payloads) {
+                Ok(entries) => entries,
+                Err(e) => return nil_and(l, &e.to_string()),
+            };
+            for (i, p) in rest[..entries.payloads()].iter().enumerate() {
+                let read = entries.count(i);
+                let k = read.unwrap_or(1);
+                lua::lua_createtable(l, k as c_int + 1, 1);
+                lua::lua_pushboolean(l, c_int::from(read.is_ok() && !p.failed));
+                lua::lua_rawseti_(l, -2, 1);
+                match read {
+                    Ok(_) => entries.set(l, i),
+                    Err(e) => {
+                        let msg = e.to_string();
+                        lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
+                        lua::lua_rawseti_(l, -2, 2);
+                    }
                 }
+                lua::lua_pushvalue(l, N_KEY);
+                lua::lua_pushnumber(l, (k + 1) as f64);
+                lua::lua_rawset(l, -3);
+                lua::lua_rawseti_(l, 1, (built + i) as c_int + 1);
             }
-            lua::lua_pushvalue(l, N_KEY);
-            lua::lua_pushnumber(l, (k + 1) as f64);
-            lua::lua_rawset(l, -3);
-            lua::lua_rawseti_(l, 1, i as c_int + 1);
+            built += entries.payloads();
         }
-        drop(entries);
         recycle(results);
         1
     }

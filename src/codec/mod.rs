@@ -76,8 +76,8 @@ pub unsafe fn push_values(
     }
 }
 
-/// The payloads of a batch's results, read at once under one panic
-/// guard: each sets its values into its own entry table (`set`).
+/// Payloads of a batch's results, read at once under one panic guard:
+/// each sets its values into its own entry table (`set`).
 pub struct Entries<'a> {
     ops: Vec<stack::Op<'a>>,
     /// Per payload: its value count or why it could not be read, and
@@ -85,21 +85,30 @@ pub struct Entries<'a> {
     read: Vec<(Result<usize, CodecError>, usize)>,
 }
 
-/// Reads `payloads` (bytes, borrowed spans) for `Entries::set`; an error
-/// when a panic stopped the reading.
+/// The ops read for one `Entries` before it stops taking payloads: a
+/// batch of small results is read at once, one of big tables a few
+/// payloads at a time, so the buffer (kept for reuse) stays small.
+const ENTRIES_OPS: usize = 4096;
+
+/// Reads the first of `payloads` (bytes, borrowed spans) for
+/// `Entries::set`: at least one, and more while their ops stay under
+/// ENTRIES_OPS; an error when a panic stopped the reading.
 ///
 /// # Safety
 /// The spans' bytes must be alive for `'a`.
 pub unsafe fn read_entries<'a>(
-    payloads: impl ExactSizeIterator<Item = (&'a [u8], &'a [Span])>,
+    payloads: impl Iterator<Item = (&'a [u8], &'a [Span])>,
 ) -> Result<Entries<'a>, CodecError> {
     let mut ops = reuse(SPARE_OPS.take());
-    let mut read = Vec::with_capacity(payloads.len());
+    let mut read = Vec::with_capacity(payloads.size_hint().0);
     guard::catch(|| {
         for (bytes, spans) in payloads {
             // SAFETY: forwarded from the caller.
             let n = unsafe { decode::decode_entry(bytes, spans, &mut ops) };
             read.push((n, ops.len()));
+            if ops.len() >= ENTRIES_OPS {
+                break;
+            }
         }
     })
     .map_err(|panic| CodecError::BadPayload(format!("panic: {panic}")))?;
@@ -107,6 +116,11 @@ pub unsafe fn read_entries<'a>(
 }
 
 impl Entries<'_> {
+    /// How many payloads were read.
+    pub fn payloads(&self) -> usize {
+        self.read.len()
+    }
+
     /// The value count of payload `i`, or why it could not be read.
     pub fn count(&self, i: usize) -> Result<usize, &CodecError> {
         self.read[i].0.as_ref().copied()
