@@ -114,8 +114,12 @@ pub fn best_cancel_lateness(ngx: &Nginx, pool: &str) -> i64 {
             seen.is_some()
         }));
         let (first_yes, last_no) = seen.unwrap();
+        // Not before the timeout: nginx counts its timers from the time it
+        // cached at the start of the event loop's turn, in whole
+        // milliseconds, so the timeout may fire a little before 50 ms of
+        // the real clock have passed since t0 (49 ms seen on a busy host).
         assert!(
-            first_yes >= t0 + 50_000_000,
+            first_yes >= t0 + 45_000_000,
             "seen {} ms after the push",
             (first_yes - t0) / 1_000_000
         );
