@@ -74,20 +74,17 @@ pub unsafe fn write_values(
     if !unsafe { reserve_walk(l, 0) } {
         return Err(stack_overflow());
     }
-    let (start, borrowed) = (out.len(), spans.len());
     // SAFETY: forwarded from the caller, with the slots reserved.
-    let res = unsafe {
-        let top = ffi::lua_gettop(l);
-        let res = guard::catch(|| write_walked(l, src, n, what, borrow, &mut *out, &mut *spans))
-            .map_err(|panic| CodecError::Value(format!("panic: {panic}")));
-        ffi::lua_settop(l, top);
-        res.and_then(|r| r)
-    };
-    if res.is_err() {
-        out.truncate(start);
-        spans.truncate(borrowed);
-    }
-    res
+    let mark = unsafe { Mark::of(l, out, spans) };
+    // SAFETY: the caller's values at src, with the walk's slots reserved
+    // just above; the walk raises nothing, so only a panic meets the guard.
+    guard::catch(|| unsafe { write_walked(l, src, n, what, borrow, &mut *out, &mut *spans) })
+        .unwrap_or_else(|panic| {
+            // SAFETY: the mark was made on this state before the walk; a
+            // panic stops it anywhere, and what it left is put back.
+            unsafe { mark.restore(l, out, spans) };
+            Err(CodecError::Value(format!("panic: {panic}")))
+        })
 }
 
 /// Makes room for a walk (`write_walked`) above `extra` more slots: false
@@ -117,30 +114,49 @@ pub unsafe fn write_walked(
     out: &mut Vec<u8>,
     spans: &mut Vec<Span>,
 ) -> Result<usize, CodecError> {
-    let (start, borrowed) = (out.len(), spans.len());
     // SAFETY: forwarded from the caller. A walk that stopped at an error
-    // leaves what it pushed: the top is put back.
-    let res = unsafe {
-        let top = ffi::lua_gettop(l);
-        let res = encode_into(
-            l,
-            src,
-            n,
-            what,
-            borrow,
-            Some(&mut *out),
-            Sink::Spans(&mut *spans),
-        );
+    // leaves what it pushed and wrote: it is put back.
+    unsafe {
+        let mark = Mark::of(l, out, spans);
+        let sink = Sink::Spans(&mut *spans);
+        let res = encode_into(l, src, n, what, borrow, Some(&mut *out), sink);
         if res.is_err() {
-            ffi::lua_settop(l, top);
+            mark.restore(l, out, spans);
         }
-        res
-    };
-    if res.is_err() {
-        out.truncate(start);
-        spans.truncate(borrowed);
+        res.map(|()| spans.len() - mark.spans)
     }
-    res.map(|()| spans.len() - borrowed)
+}
+
+/// Where a walk started: what an error puts back.
+struct Mark {
+    top: c_int,
+    out: usize,
+    spans: usize,
+}
+
+impl Mark {
+    /// # Safety
+    /// `l` must be a live state of this thread.
+    unsafe fn of(l: *mut lua_State, out: &[u8], spans: &[Span]) -> Mark {
+        Mark {
+            // SAFETY: forwarded from the caller.
+            top: unsafe { ffi::lua_gettop(l) },
+            out: out.len(),
+            spans: spans.len(),
+        }
+    }
+
+    /// Puts the stack's top, `out` and `spans` back where they were.
+    ///
+    /// # Safety
+    /// As `of`, on the state it was made on.
+    unsafe fn restore(&self, l: *mut lua_State, out: &mut Vec<u8>, spans: &mut Vec<Span>) {
+        // SAFETY: forwarded from the caller; the top only goes down to
+        // where it was.
+        unsafe { ffi::lua_settop(l, self.top) };
+        out.truncate(self.out);
+        spans.truncate(self.spans);
+    }
 }
 
 /// The error for a stack that cannot hold the values.
