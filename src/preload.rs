@@ -580,10 +580,7 @@ unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
         while built < results.len() {
             let rest = &results[built..];
             let payloads = rest.iter().map(|p| (&p.bytes[..], &p.spans[..]));
-            let entries = match codec::read_entries(payloads) {
-                Ok(entries) => entries,
-                Err(e) => return nil_and(l, &e.to_string()),
-            };
+            let entries = codec::read_entries(payloads);
             for (i, p) in rest[..entries.payloads()].iter().enumerate() {
                 let read = entries.count(i);
                 let k = read.unwrap_or(1);

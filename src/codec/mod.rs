@@ -92,27 +92,36 @@ const ENTRIES_OPS: usize = 4096;
 
 /// Reads the first of `payloads` (bytes, borrowed spans) for
 /// `Entries::set`: at least one, and more while their ops stay under
-/// ENTRIES_OPS; an error when a panic stopped the reading.
+/// ENTRIES_OPS. A payload whose reading panicked is one that could not be
+/// read; the others are read on.
 ///
 /// # Safety
 /// The spans' bytes must be alive for `'a`.
 pub unsafe fn read_entries<'a>(
-    payloads: impl Iterator<Item = (&'a [u8], &'a [Span])>,
-) -> Result<Entries<'a>, CodecError> {
+    mut payloads: impl Iterator<Item = (&'a [u8], &'a [Span])>,
+) -> Entries<'a> {
     let mut ops = reuse(SPARE_OPS.take());
     let mut read = Vec::with_capacity(payloads.size_hint().0);
-    guard::catch(|| {
-        for (bytes, spans) in payloads {
-            // SAFETY: forwarded from the caller.
-            let n = unsafe { decode::decode_entry(bytes, spans, &mut ops) };
-            read.push((n, ops.len()));
-            if ops.len() >= ENTRIES_OPS {
-                break;
+    loop {
+        let stopped = guard::catch(|| {
+            for (bytes, spans) in payloads.by_ref() {
+                // SAFETY: forwarded from the caller.
+                let n = unsafe { decode::decode_entry(bytes, spans, &mut ops) };
+                read.push((n, ops.len()));
+                if ops.len() >= ENTRIES_OPS {
+                    break;
+                }
             }
-        }
-    })
-    .map_err(|panic| CodecError::BadPayload(format!("panic: {panic}")))?;
-    Ok(Entries { ops, read })
+        });
+        let Err(panic) = stopped else {
+            break;
+        };
+        // the payload being read when it panicked: its steps are dropped
+        let end = read.last().map_or(0, |&(_, end)| end);
+        ops.truncate(end);
+        read.push((Err(CodecError::BadPayload(format!("panic: {panic}"))), end));
+    }
+    Entries { ops, read }
 }
 
 impl Entries<'_> {
