@@ -479,7 +479,7 @@ mod tests {
             bytes,
             ..Payload::default()
         };
-        work.finish(&mut vec![(0, result)], 1);
+        work.finish(&mut vec![(0, result)]);
         let results = tasks.reclaim(work);
         tasks.recycle(results);
     }

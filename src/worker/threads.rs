@@ -141,7 +141,6 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         while let Some(claim) = job.claim(threads) {
             stats.taken.fetch_add(claim.len() as u64, Ordering::Relaxed);
             PoolStats::add(&stats.busy);
-            let done_here = claim.len();
             job.result_buffers(claim.clone(), &mut buffers);
             for (i, bytes) in claim.zip(buffers.drain(..)) {
                 let (args, spans) = (job.args.part(i), &job.args.spans[..]);
@@ -292,10 +291,12 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
             tally.flush(stats);
             PoolStats::sub(&stats.busy);
             if job.expected.is_some() {
-                // a shadow task: nobody takes it back, it ends here
+                // a shadow task: nobody takes it back, it ends here (and
+                // the next claim starts with no results of its)
+                results.clear();
                 continue;
             }
-            if job.finish(&mut results, done_here) {
+            if job.finish(&mut results) {
                 if job.task == POSTED {
                     // Nobody waits: the push goes back to the event loop
                     // without a wake-up, for its buffers to be freed or

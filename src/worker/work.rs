@@ -173,18 +173,21 @@ impl Work {
         }));
     }
 
-    /// Stores the results of a claim's tasks (task, result), which `done`
-    /// counts, and counts them finished: true if they were the last.
-    pub fn finish(&self, results: &mut Vec<(usize, Payload)>, done: usize) -> bool {
-        if !results.is_empty() {
-            let mut slots = self.lock();
-            for (i, result) in results.drain(..) {
-                if let Some(slot) = slots.get_mut(i) {
-                    *slot = result;
-                }
+    /// Stores the results of a claim's tasks (task, result) and counts
+    /// those tasks finished: true if they were the last.
+    pub fn finish(&self, results: &mut Vec<(usize, Payload)>) -> bool {
+        let done = results.len();
+        if done == 0 {
+            return false;
+        }
+        let mut slots = self.lock();
+        for (i, result) in results.drain(..) {
+            if let Some(slot) = slots.get_mut(i) {
+                *slot = result;
             }
         }
-        done != 0 && self.left.fetch_sub(done, Ordering::AcqRel) == done
+        drop(slots);
+        self.left.fetch_sub(done, Ordering::AcqRel) == done
     }
 
     /// The results, in task order, and, if no pool thread holds the push
@@ -263,7 +266,7 @@ mod tests {
                 bytes,
                 ..Payload::default()
             };
-            assert!(shared.finish(&mut vec![(0, result)], 1), "the only task");
+            assert!(shared.finish(&mut vec![(0, result)]), "the only task");
         })
         .join()
         .expect("the pool thread");
