@@ -63,14 +63,17 @@ impl LocalHistogram {
 
     fn add_to(&mut self, h: &Histogram) {
         for (local, shared) in self.buckets.iter_mut().zip(&h.buckets) {
-            if *local != 0 {
-                shared.fetch_add(std::mem::take(local), Relaxed);
-            }
+            move_count(local, shared);
         }
-        if self.sum_us != 0 {
-            h.sum_us
-                .fetch_add(std::mem::take(&mut self.sum_us), Relaxed);
-        }
+        move_count(&mut self.sum_us, &h.sum_us);
+    }
+}
+
+/// Adds a local count to the shared one and sets it to 0; a count of 0
+/// leaves the shared cache line alone.
+fn move_count(local: &mut u64, shared: &AtomicU64) {
+    if *local != 0 {
+        shared.fetch_add(std::mem::take(local), Relaxed);
     }
 }
 
@@ -100,15 +103,9 @@ impl Tally {
 
     /// Adds the counts to `stats` and starts again from 0.
     pub fn flush(&mut self, stats: &PoolStats) {
-        for (n, counter) in [
-            (&mut self.completed, &stats.completed),
-            (&mut self.errors, &stats.errors),
-            (&mut self.cancelled, &stats.cancelled),
-        ] {
-            if *n != 0 {
-                counter.fetch_add(std::mem::take(n), Relaxed);
-            }
-        }
+        move_count(&mut self.completed, &stats.completed);
+        move_count(&mut self.errors, &stats.errors);
+        move_count(&mut self.cancelled, &stats.cancelled);
         self.wait.add_to(&stats.wait);
         self.run.add_to(&stats.run);
     }
