@@ -231,25 +231,21 @@ unsafe fn encode_into(
     // SAFETY: forwarded from the caller: src holds n values, and a slot is
     // reserved above the top for one pushed from an array.
     let values = unsafe { Values::new(l, src) };
-    walk.put(MARKER_MAX, |o| {
-        let _ = rmp::encode::write_uint(o, n as u64);
-    })
-    .map_err(|_| CodecError::OutOfMemory)?;
+    walk.put(MARKER_MAX, |o| write_uint(o, n as u64))
+        .map_err(|_| CodecError::OutOfMemory)?;
     // The map's count, written once the nils are skipped (as for a table).
     let at = walk.out.as_ref().map_or(0, |o| o.len());
     walk.put(1, |o| o.push(FIXMAP_EMPTY))
         .map_err(|_| CodecError::OutOfMemory)?;
     let mut k = 0;
     for pos in 1..=n {
-        let res = values.with(pos, |v| {
-            if v.lua_type() == ffi::LUA_TNIL {
+        let res = values.with(pos, |v, ty| {
+            if ty == ffi::LUA_TNIL {
                 return Ok(());
             }
             k += 1;
-            walk.put(MARKER_MAX, |o| {
-                let _ = rmp::encode::write_uint(o, pos as u64);
-            })?;
-            walk.value(v)
+            walk.put(MARKER_MAX, |o| write_uint(o, pos as u64))?;
+            walk.typed(v, ty)
         });
         match res {
             Ok(()) => {}
@@ -271,6 +267,47 @@ const FIXMAP_EMPTY: u8 = 0x80;
 
 /// Most bytes a marker with its scalar data takes (a float64, a uint64).
 const MARKER_MAX: usize = 9;
+
+// The markers of the smallest values, written here: most of a payload's
+// markers are these, and rmp's writers, not inlined, cost more than the
+// bytes. Larger values go through rmp, which picks the same markers.
+
+/// An unsigned integer, in the smallest encoding.
+#[inline(always)]
+fn write_uint(o: &mut Vec<u8>, u: u64) {
+    match u {
+        0..=0x7f => o.push(u as u8),
+        _ => {
+            let _ = rmp::encode::write_uint(o, u);
+        }
+    }
+}
+
+/// A signed integer, in the smallest encoding.
+#[inline(always)]
+fn write_sint(o: &mut Vec<u8>, i: i64) {
+    match i {
+        0..=0x7f => o.push(i as u8),
+        _ => {
+            let _ = rmp::encode::write_sint(o, i);
+        }
+    }
+}
+
+/// Bytes as bin, with the smallest length marker.
+#[inline(always)]
+fn write_bin(o: &mut Vec<u8>, bytes: &[u8]) {
+    match u8::try_from(bytes.len()) {
+        Ok(len) => o.extend_from_slice(&[BIN8, len]),
+        Err(_) => {
+            let _ = rmp::encode::write_bin_len(o, bytes.len() as u32);
+        }
+    }
+    o.extend_from_slice(bytes);
+}
+
+/// The marker of a bin of fewer than 256 bytes.
+const BIN8: u8 = 0xc4;
 
 /// Why a walk stopped.
 enum Fail {
@@ -359,9 +396,7 @@ impl Walk<'_> {
             // Integral, in int64 range and not -0.0: the smallest int,
             // else a float64.
             match as_int(f) {
-                Some(i) if !(f == 0.0 && f.is_sign_negative()) => {
-                    let _ = rmp::encode::write_sint(o, i);
-                }
+                Some(i) if !(f == 0.0 && f.is_sign_negative()) => write_sint(o, i),
                 _ => {
                     let _ = rmp::encode::write_f64(o, f);
                 }
@@ -395,9 +430,7 @@ impl Walk<'_> {
             }
         };
         let Some(index) = index else {
-            return self.put(copied, |o| {
-                let _ = rmp::encode::write_bin(o, bytes);
-            });
+            return self.put(copied, |o| write_bin(o, bytes));
         };
         self.put(BORROWED_EXT_LEN, |o| {
             let _ = rmp::encode::write_ext_meta(o, 4, BORROWED);
@@ -513,31 +546,41 @@ impl Walk<'_> {
 struct Values {
     l: *mut lua_State,
     src: Source,
+    /// The top of the stack when the walk started, where a value of an
+    /// Array is pushed above.
+    top: c_int,
 }
 
 impl Values {
     /// # Safety
     /// As encode_into.
     unsafe fn new(l: *mut lua_State, src: Source) -> Values {
-        Values { l, src }
+        Values {
+            l,
+            src,
+            // SAFETY: forwarded from the caller: `l` is a live state.
+            top: unsafe { ffi::lua_gettop(l) },
+        }
     }
 
-    /// Runs `f` on value `pos` (1-based).
-    fn with<R>(&self, pos: usize, f: impl FnOnce(Slot<'_, ()>) -> R) -> R {
+    /// Runs `f` on value `pos` (1-based) and its `lua_type`.
+    fn with<R>(&self, pos: usize, f: impl FnOnce(Slot<'_, ()>, c_int) -> R) -> R {
         match self.src {
             Source::Stack(first) => {
                 let idx = first + pos as c_int - 1;
                 // SAFETY: the caller of new vouched for the values at src.
                 let v = unsafe { Slot::new(self.l, idx, &()) };
-                f(v)
+                f(v, v.lua_type())
             }
             Source::Array(table) => {
-                // SAFETY: as above; pos <= MAX_VALUES fits a c_int.
+                // SAFETY: as above; pos <= MAX_VALUES fits a c_int. Each
+                // value is popped before the next, so the top is as it was
+                // when the walk started.
                 let t = unsafe { Slot::new(self.l, table, &()) };
-                let top = t.top();
                 t.push_index(pos as c_int);
-                let res = f(t.at(top + 1, 0));
-                t.pop_to(top);
+                let v = t.at(self.top + 1, 0);
+                let res = f(v, v.lua_type());
+                t.pop_to(self.top);
                 res
             }
         }

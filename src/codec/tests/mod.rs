@@ -1,9 +1,10 @@
 //! The codec on raw Lua stacks, as the shim and the pool threads call it:
 //! values that cross (values.rs), values and payloads that do not
-//! (errors.rs). Values are handed to it through mlua's `exec_raw` and
-//! compared in Lua.
+//! (errors.rs), and how fast it is (speed.rs). Values are handed to it
+//! through mlua's `exec_raw` and compared in Lua.
 
 mod errors;
+mod speed;
 mod values;
 
 use super::message::format_g14;
