@@ -283,15 +283,14 @@ fn write_uint(o: &mut Vec<u8>, u: u64) {
     }
 }
 
-/// A signed integer, in the smallest encoding.
+/// A signed integer, in the smallest encoding: rmp writes a non-negative
+/// one as it writes an unsigned one.
 #[inline(always)]
 fn write_sint(o: &mut Vec<u8>, i: i64) {
-    match i {
-        0..=0x7f => o.push(i as u8),
-        _ => {
-            let _ = rmp::encode::write_sint(o, i);
-        }
+    if let Ok(u) = u64::try_from(i) {
+        return write_uint(o, u);
     }
+    let _ = rmp::encode::write_sint(o, i);
 }
 
 /// Bytes as bin, with the smallest length marker.
