@@ -119,7 +119,8 @@ pub unsafe fn write_walked(
     unsafe {
         let mark = Mark::of(l, out, spans);
         let sink = Sink::Spans(&mut *spans);
-        let res = encode_into(l, src, n, what, borrow, Some(&mut *out), sink);
+        let values = Values::new(l, src, mark.top);
+        let res = encode_into(values, n, what, borrow, Some(&mut *out), sink);
         if res.is_err() {
             mark.restore(l, out, spans);
         }
@@ -199,17 +200,18 @@ pub unsafe fn anchor(
     // walk stopped at the end leaves what it pushed: the top is put back.
     unsafe {
         let top = ffi::lua_gettop(l);
-        let _ = guard::catch(|| encode_into(l, src, n, "", Some(borrow), None, sink));
+        let values = Values::new(l, src, top);
+        let _ = guard::catch(|| encode_into(values, n, "", Some(borrow), None, sink));
         ffi::lua_settop(l, top);
     }
     next.get()
 }
 
 /// # Safety
-/// As write_values, with the stack reserved.
+/// As write_values, with the stack reserved; `values` made (Values::new)
+/// for the n values to encode.
 unsafe fn encode_into(
-    l: *mut lua_State,
-    src: Source,
+    values: Values,
     n: usize,
     what: &str,
     borrow: Option<Borrow>,
@@ -228,9 +230,6 @@ unsafe fn encode_into(
         borrow,
         sink,
     };
-    // SAFETY: forwarded from the caller: src holds n values, and a slot is
-    // reserved above the top for one pushed from an array.
-    let values = unsafe { Values::new(l, src) };
     walk.put(MARKER_MAX, |o| write_uint(o, n as u64))
         .map_err(|_| CodecError::OutOfMemory)?;
     // The map's count, written once the nils are skipped (as for a table).
@@ -551,15 +550,15 @@ struct Values {
 }
 
 impl Values {
+    /// The values at `src` on the stack of `l`, whose top is `top` (read
+    /// once by the caller, which keeps it to put the stack back).
+    ///
     /// # Safety
-    /// As encode_into.
-    unsafe fn new(l: *mut lua_State, src: Source) -> Values {
-        Values {
-            l,
-            src,
-            // SAFETY: forwarded from the caller: `l` is a live state.
-            top: unsafe { ffi::lua_gettop(l) },
-        }
+    /// `l` must be a live state of this thread with the values at `src`
+    /// and a slot reserved above `top`, its top, for a value pushed from an
+    /// array.
+    unsafe fn new(l: *mut lua_State, src: Source, top: c_int) -> Values {
+        Values { l, src, top }
     }
 
     /// Runs `f` on value `pos` (1-based) and its `lua_type`.
