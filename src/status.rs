@@ -105,7 +105,7 @@ const COUNTERS: [(&str, &str, &str); 10] = [
     ),
     (
         "ngx_threadpool_tasks_abandoned_total",
-        "Tasks whose request went away.",
+        "Tasks whose caller went away: its request ended or its light thread was killed.",
         "counter",
     ),
     (

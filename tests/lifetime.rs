@@ -1,6 +1,7 @@
 //! A request (or timer) that goes away while its task (or batch) is in flight: the
 //! task record must outlive it, the late result must be dropped, and nothing
-//! may crash or leak.
+//! may crash or leak. And a light thread killed while its request goes on:
+//! its task's record must go when the task ends.
 //!
 //! Each scenario runs a warm-up round, then ROUNDS more, and checks:
 //! - the tasks really were in flight when their caller went away (the pool
@@ -151,6 +152,34 @@ const LOCATIONS: &str = r#"
                     ngx.log(ngx.INFO, "DELIVERED ", #res)
                 end
                 ngx.say(res and "late" or err)
+            }
+        }
+
+        # (g) Light threads killed while their request goes on (as a
+        # timer's loop may go on for good): each task's record, result and
+        # borrowed 1 MiB argument must go once the task ends. Answers how
+        # many were counted abandoned and the Lua heap in MiB after that.
+        location = /kill_and_stay {
+            content_by_lua_block {
+                local pool = require("resty.threadpool").slow_pool
+                local n, ms = tonumber(ngx.var.arg_n), tonumber(ngx.var.arg_ms)
+                local before = pool:stats().abandoned
+                for i = 1, n do
+                    local payload = string.format("%08x", i) .. string.rep("x", 1048568)
+                    local t = ngx.thread.spawn(function()
+                        return pool:push_task(ms, payload)
+                    end)
+                    ngx.thread.kill(t)
+                end
+                local deadline = ngx.now() + 10
+                while pool:stats().abandoned - before < n and ngx.now() < deadline do
+                    ngx.sleep(0.01)
+                end
+                -- the shim's finalizer lets go of the strings in one
+                -- collection cycle, the next one frees them
+                for _ = 1, 3 do collectgarbage() end
+                ngx.say(pool:stats().abandoned - before, " ",
+                        math.floor(collectgarbage("count") / 1024))
             }
         }
 
@@ -378,6 +407,34 @@ fn kill_waiting_light_thread_then_push_again() {
         0,
         "a killed light thread got its result"
     );
+}
+
+/// (g): a killed light thread's task is let go of when it ends, not when
+/// its request does.
+#[test]
+fn killed_light_threads_let_go_while_the_request_goes_on() {
+    const KILLED: usize = 32;
+    let n = start();
+    let worker = only_worker(&n);
+    let out = n
+        .get(&format!("/kill_and_stay?n={KILLED}&ms={TASK_MS}"))
+        .text();
+    let figures: Vec<usize> = out
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(figures.len(), 2, "unexpected answer {out:?}");
+    assert_eq!(
+        figures[0], KILLED,
+        "tasks of killed light threads counted abandoned"
+    );
+    assert!(
+        figures[1] < KILLED / 4,
+        "{} MiB of Lua heap once the tasks of {KILLED} killed light threads ended: \
+         their 1 MiB arguments are still anchored",
+        figures[1]
+    );
+    assert_no_crash(&n, worker);
 }
 
 #[test]

@@ -114,6 +114,15 @@ impl Sema {
         unsafe { (lua_module().sema_post)(self.0.as_ptr(), 1) };
     }
 
+    /// Whether a coroutine waits on it. A killed light thread stops
+    /// waiting without a word to us: lua-nginx-module's cleanup of the
+    /// wait only takes it off the semaphore's queue.
+    pub fn has_waiter(&self) -> bool {
+        // SAFETY: self is a live semaphore; event-loop thread. The count is
+        // its resources less its waiters.
+        unsafe { (lua_module().sema_count)(self.0.as_ptr()) < 0 }
+    }
+
     /// Waits in the current coroutine of `r`: NGX_OK when a resource was
     /// there, NGX_AGAIN after queueing the coroutine (the caller must yield),
     /// NGX_ERROR with a message in `err` (wrong context).

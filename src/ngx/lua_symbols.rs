@@ -40,6 +40,9 @@ pub struct LuaModule {
         errlen: *mut usize,
     ) -> c_int,
     pub sema_gc: unsafe extern "C" fn(sem: *mut RawSema),
+    /// Its resources less its waiting coroutines (lua-resty-core's
+    /// `semaphore:count()`).
+    pub sema_count: unsafe extern "C" fn(sem: *mut RawSema) -> c_int,
     /// The public API for modules that extend ngx_lua (api/ngx_http_lua_api.h).
     pub get_request: unsafe extern "C" fn(l: *mut lua_State) -> *mut sys::ngx_http_request_t,
     pub add_package_preload: unsafe extern "C" fn(
@@ -160,6 +163,7 @@ fn resolve(module: *const sys::ngx_module_t) -> Result<LuaModule, String> {
             sema_post: f(c"ngx_http_lua_ffi_sema_post")?,
             sema_wait: f(c"ngx_http_lua_ffi_sema_wait")?,
             sema_gc: f(c"ngx_http_lua_ffi_sema_gc")?,
+            sema_count: f(c"ngx_http_lua_ffi_sema_count")?,
             get_request: f(c"ngx_http_lua_get_request")?,
             add_package_preload: f(c"ngx_http_lua_add_package_preload")?,
             get_phase: f(c"ngx_http_lua_ffi_get_phase")?,

@@ -155,7 +155,8 @@ pub struct PoolStats {
     pub rejected: AtomicU64,
     /// Tasks whose caller stopped waiting (push_task's timeout).
     pub timed_out: AtomicU64,
-    /// Tasks whose request went away before they finished.
+    /// Tasks whose caller went away before they finished: its request
+    /// ended, or its light thread was killed.
     pub abandoned: AtomicU64,
     _event_loop_side: Apart,
 }

@@ -2,8 +2,9 @@
 //! request that pushed it. Event-loop thread only.
 //!
 //! A record outlives whatever may vanish under it: if the request ends or
-//! the caller stops waiting (timeout, killed light thread), the record is
-//! only marked, and the completion that arrives later frees it. The
+//! the caller stops waiting (timeout), the record is only marked, and the
+//! completion that arrives later frees it; a caller whose light thread was
+//! killed is found gone by that completion (no one waits on its semaphore). The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
 use super::payload::{Args, Payload};
@@ -308,6 +309,21 @@ impl Tasks {
         }
         let id = work.task;
         match slot.state {
+            // A record is Running only while its caller waits on its clean
+            // semaphore (a timeout releases it first), so no waiter means
+            // the caller's light thread was killed (ngx.thread.kill): left
+            // Done, the results and the anchored strings would stay until
+            // the request ends, which a timer's loop may never do.
+            State::Running if !slot.sema.as_ref().is_some_and(Sema::has_waiter) => {
+                if let Some(stats) = self.stats.get(slot.pool as usize) {
+                    PoolStats::add(&stats.abandoned);
+                }
+                log::debug(format_args!(
+                    "task {id:#x} done, dropped: its light thread was killed"
+                ));
+                self.release_index(index);
+                Some(work)
+            }
             State::Running => {
                 slot.work = Some(work);
                 slot.state = State::Done;
