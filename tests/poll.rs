@@ -21,14 +21,12 @@ use common::*;
 /// alone: it writes the eventfd (a write system call, counted in
 /// /proc/PID/task/TID/io) for few of the tasks. Writing it whatever the
 /// poll, it makes a write per task (measured: 2,100 for the 2,100 with the
-/// warm-up; 0-2 without).
+/// warm-up; 0-2 without). A run that misses either bound is tried again,
+/// up to ATTEMPTS runs.
 #[test]
 fn the_event_loop_polls_for_a_sequential_callers_completions() {
     const TASKS: usize = 2000;
-    let n = Nginx::start_with(
-        1,
-        "thread_pool seq threads=1;",
-        r#"
+    const HTTP: &str = r#"
     thread_pool_process_by_lua seq "return (...) + 1";
     server {
         listen 127.0.0.1:$PORT;
@@ -58,28 +56,34 @@ fn the_event_loop_polls_for_a_sequential_callers_completions() {
             }
         }
     }
-"#,
-        &[],
-    );
-    let worker = n.workers()[0];
-    let writes_before = pool_thread_writes(worker);
-    let r = n.get(&format!("/seq?n={TASKS}"));
-    let writes = pool_thread_writes(worker) - writes_before;
-    let sleeps: usize = r
-        .text()
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("{}", r.text()));
-    assert!(
-        sleeps < TASKS * 9 / 10,
-        "the event loop slept {sleeps} times for {TASKS} tasks"
-    );
-    assert!(
-        writes < TASKS as u64 / 2,
-        "the pool thread made {writes} write calls for {TASKS} tasks"
-    );
-    n.assert_clean_log();
+"#;
+    // The poll stops while completions come late (a pool thread the host
+    // set aside), and on a busy host the wake-ups that replace it keep them
+    // late: each run has an nginx of its own, whose poll starts afresh.
+    // Without the poll every run shows a sleep and a write per task.
+    let mut runs = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let n = Nginx::start_with(1, "thread_pool seq threads=1;", HTTP, &[]);
+        let worker = n.workers()[0];
+        let writes_before = pool_thread_writes(worker);
+        let r = n.get(&format!("/seq?n={TASKS}"));
+        let writes = pool_thread_writes(worker) - writes_before;
+        let sleeps: usize = r
+            .text()
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{}", r.text()));
+        runs.push((sleeps, writes));
+        if sleeps < TASKS * 9 / 10 && writes < TASKS as u64 / 2 {
+            n.assert_clean_log();
+            return;
+        }
+    }
+    panic!("for {TASKS} tasks, each run's event-loop sleeps and pool-thread write calls: {runs:?}");
 }
+
+/// Runs of the sequential caller before the poll is taken to be missing.
+const ATTEMPTS: usize = 3;
 
 /// Write system calls made so far by the threads of pool "seq" in process
 /// `pid` (their /proc io counters).
