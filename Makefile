@@ -2,16 +2,25 @@
 
 SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson libpcre3 \
-	libluajit2-5.1-dev libclang-dev clang pkg-config wrk \
-	imagemagick libmagickwand-6.q16-6 python3-prometheus-client dpkg-dev binutils lua-check
-MODULE := target/release/libngx_threadpool.so
+# Package names differ between Debian releases: chosen by the release
+# this machine runs (/etc/os-release), never by trial.
+RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
+DEB_PACKAGES_bookworm := libluajit2-5.1-dev libmagickwand-6.q16-6 libpcre3
+DEB_PACKAGES_trixie := libluajit-5.1-dev libmagickwand-7.q16-10
+DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
+	libclang-dev clang pkg-config wrk gcc libc6-dev make git ca-certificates python3 \
+	imagemagick python3-prometheus-client dpkg-dev binutils lua-check \
+	$(or $(DEB_PACKAGES_$(RELEASE)),$(error make deps knows Debian 12 (bookworm) and 13 (trixie); this is "$(RELEASE)"))
+# cargo's output: target/, or CARGO_TARGET_DIR (matrix/chroot.sh sets it per
+# release, so that each release's build and package stay apart).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
 RUN_DIR := $(CURDIR)/target/run
 # As root, nginx would run its workers as nobody, who may not read a
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test lint fuzz run images bench bench-deps bench-compare fairness valgrind \
+.PHONY: deps build test test-trixie test-static test-matrix lint fuzz run images bench bench-deps bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -31,6 +40,21 @@ test: build
 	cargo test --release -- --test-threads=2
 	cargo test --release -p ngx_threadpool_handler -p waf-rust
 	@$(MAKE) --no-print-directory soak-test soak-short
+
+# The same suite on the two other targets of the README's support table,
+# each kept under /var/cache/ngx-threadpool and reused by the next run
+# (a missing or unfinished one is made again): Debian 13 in a chroot made
+# with debootstrap from Debian's archive (matrix/chroot.sh), and, in that
+# chroot, an nginx with the lua module compiled in, built from Debian 13's
+# source packages (matrix/static-nginx.sh). Root only (chroot, mounts).
+test-trixie:
+	matrix/chroot.sh 'make test'
+STATIC_NGINX_PACKAGES := libpcre2-dev zlib1g-dev libssl-dev
+test-static:
+	matrix/chroot.sh 'make deps DEB_PACKAGES="$(STATIC_NGINX_PACKAGES)" && \
+		NGX_TP_NGINX=$$(matrix/static-nginx.sh) make test'
+# All three, one after the other (.ci/run).
+test-matrix: test test-trixie test-static
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
 LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak
@@ -187,20 +211,23 @@ uninstall:
 		$(DESTDIR)$(MODULES_DIR)/$(MODULE_SO) \
 		$(DESTDIR)$(LUA_DIR)/resty/$(NAME).lua
 
-# target/debian/libnginx-mod-http-threadpool_VERSION-1_ARCH.deb
+# TARGET_DIR/debian/libnginx-mod-http-threadpool_VERSION-1_ARCH.deb
 deb: build
-	@$(MAKE) --no-print-directory package DEB_OUT=target/debian
+	@$(MAKE) --no-print-directory package DEB_OUT=$(TARGET_DIR)/debian
 
 # The package of MODULE, built into DEB_OUT without cargo (tests/package.rs
 # packages the module cargo test built). It depends on the nginx ABI of the
 # tree the module was built against (NGX_SRC, as Debian's dh_nginx reads
-# it), on the lua module it was built for (the module calls its functions
-# beyond the public API and reads the head of its compiled regex: see the
-# README's limits) and on the libraries the .so links; its
+# it), on the range of lua module releases the module is tested with
+# (Cargo.toml's package.metadata.lua-nginx-module; the module checks the
+# version it finds at start-up too) and on the libraries the .so links; its
 # maintainer scripts are Debian's own for nginx modules (dh_nginx's, from
 # nginx-dev), which enable and disable the snippet.
 DEB_PKG := libnginx-mod-http-$(NAME)
-DEB_OUT ?= target/debian
+LUA_VERSION_OF = $(shell sed -n '/^\[package.metadata.lua-nginx-module\]/,/^\[/s/^$(1) = "\(.*\)"/\1/p' Cargo.toml)
+LUA_OLDEST := $(call LUA_VERSION_OF,oldest)
+LUA_NEWEST := $(call LUA_VERSION_OF,newest)
+DEB_OUT ?= $(TARGET_DIR)/debian
 DEB_VERSION := $(VERSION)-1
 DEB_ROOT = $(DEB_OUT)/root
 DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>' 2>/dev/null)
@@ -208,7 +235,8 @@ package:
 	@test -n "$(DEB_MAINTAINER)" || { echo "set DEB_MAINTAINER='Name <email>'" >&2; exit 1; }
 	@abi=$$(sed -n 's/^nginx:abi=//p' $(NGX_SRC)/debian/libnginx-mod.abisubstvars 2>/dev/null); \
 	test -n "$$abi" || { echo "$(NGX_SRC) is not Debian's nginx-dev tree: no nginx ABI to depend on" >&2; exit 1; }; \
-	lua=$$(dpkg-query -W -f='$${Version}' libnginx-mod-http-lua | sed 's/-[^-]*$$//'); \
+	epoch=$$(dpkg-query -W -f='$${Version}' libnginx-mod-http-lua | sed -n 's/^\([0-9]*:\).*/\1/p'); \
+	oldest=$(LUA_OLDEST); after=$$(echo $(LUA_NEWEST) | awk -F. '{ print $$1 "." $$2 "." $$3 + 1 "~" }'); \
 	set -e; umask 022; rm -rf $(DEB_OUT); mkdir -p $(DEB_ROOT)/DEBIAN $(DEB_OUT)/debian; \
 	$(MAKE) --no-print-directory install-files DESTDIR=$(DEB_ROOT); \
 	strip --strip-unneeded --remove-section=.comment --remove-section=.note \
@@ -232,7 +260,7 @@ package:
 	  echo "Architecture: $$(dpkg --print-architecture)"; \
 	  echo "Maintainer: $(DEB_MAINTAINER)"; \
 	  echo "Installed-Size: $$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1)"; \
-	  echo "Depends: $$abi, libnginx-mod-http-lua (>= $$lua), libnginx-mod-http-lua (<< $$lua.1~), lua-resty-core, $$shlibs"; \
+	  echo "Depends: $$abi, libnginx-mod-http-lua (>= $$epoch$$oldest), libnginx-mod-http-lua (<< $$epoch$$after), lua-resty-core, $$shlibs"; \
 	  echo "Recommends: nginx"; \
 	  echo "Section: httpd"; \
 	  echo "Priority: optional"; \

@@ -18,6 +18,7 @@ fn main() {
         src.join("src/core/nginx.h").display()
     );
 
+    lua_module_range();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let tree = out.join("nginx");
     configure(&src, &tree);
@@ -42,6 +43,26 @@ fn main() {
         .expect("bindgen failed on wrapper.h")
         .write_to_file(out.join("bindings.rs"))
         .expect("cannot write bindings.rs");
+}
+
+/// Hands Cargo.toml's `[package.metadata.lua-nginx-module]` range to the
+/// crate as NGX_TP_LUA_OLDEST and NGX_TP_LUA_NEWEST ("0.10.23"), where the
+/// start-up check reads them.
+fn lua_module_range() {
+    println!("cargo:rerun-if-changed=Cargo.toml");
+    let manifest = fs::read_to_string("Cargo.toml").expect("Cargo.toml");
+    let mut in_table = false;
+    let mut found = 0;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            in_table = line == "[package.metadata.lua-nginx-module]";
+        } else if let Some((key, value)) = line.split_once(" = ").filter(|_| in_table) {
+            let key = key.trim().to_uppercase();
+            println!("cargo:rustc-env=NGX_TP_LUA_{key}={}", value.trim_matches('"'));
+            found += 1;
+        }
+    }
+    assert_eq!(found, 2, "Cargo.toml: [package.metadata.lua-nginx-module] needs oldest and newest");
 }
 
 /// Copies the nginx source tree and runs its configure with Debian's flags,

@@ -36,7 +36,8 @@ sys.dont_write_bytecode = True  # no __pycache__ beside the sources
 import figures  # noqa: E402
 import run  # noqa: E402
 from figures import LABEL, PAYLOAD_LABEL  # noqa: E402
-from harness import MODULE, OUT, REPO, log  # noqa: E402
+from harness import OUT, REPO, log  # noqa: E402
+from procs import MODULE  # noqa: E402
 from run import handoff_cell, handoff_nginx, rotated  # noqa: E402
 
 BASE_SRC = REPO / "target/bench-base-src"

@@ -31,7 +31,6 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 OUT = BENCH / "out"
 PREFIX = OUT / "fairness"
-MODULE = REPO / "target/release/libngx_threadpool.so"
 
 SERVICE_MS = 50
 STATIC_PAUSE_MS = SERVICE_MS  # a static client's pause between requests
@@ -73,9 +72,7 @@ PLANS = {
 }
 
 CONF = r"""
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
-load_module @MODULE@;
+@LUA_MODULES@load_module @MODULE@;
 @USER@
 worker_processes @WORKERS@;
 worker_rlimit_nofile 8192;
@@ -178,8 +175,7 @@ class Nginx:
         else:
             pool, handler = "", ""
             call = task["inline"].format(arg=task["arg"])
-        subs = dict(MODULE=str(MODULE), REPO=str(REPO), PORT=str(self.port),
-                    USER="user root;" if os.geteuid() == 0 else "",
+        subs = dict(procs.module_fields(), REPO=str(REPO), PORT=str(self.port),
                     WORKERS=str(mode["workers"]), IMAGES=str(images),
                     EVENTS=mode.get("events", ""), MAIN=mode.get("main", ""),
                     HTTP=mode.get("http", ""),

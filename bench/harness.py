@@ -16,7 +16,6 @@ from procs import free_port
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 OUT = BENCH / "out"
-MODULE = REPO / "target/release/libngx_threadpool.so"
 WRK = "wrk"
 WRK_SCRIPT = BENCH / "wrk_json.lua"
 WAF_RULES = REPO / "nginx-conf/waf_rules.lua"
@@ -120,7 +119,7 @@ class Nginx:
     last = None  # the last nginx started: its versions and logs for the report
 
     def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None,
-                 copying_pool=False, pools=(), tree=REPO, module=MODULE):
+                 copying_pool=False, pools=(), tree=REPO, module=procs.MODULE):
         self.name = name
         self.prefix = OUT / name
         self.port = free_port()
@@ -147,13 +146,9 @@ class Nginx:
             pools.append(f"thread_pool {pool} threads={tp_threads or 2};")
             handler += "\n" + POOL_HANDLERS[pool].format(repo=tree)
         conf = (tree / "bench/nginx.conf.tmpl").read_text()
-        for key, value in (("MODULE", str(module)), ("REPO", str(tree)),
-                           ("PORT", str(self.port)),
-                           ("POOLS", "\n".join(pools)),
-                           ("TP_HANDLER", handler),
-                           # As root, workers would run as nobody, who may
-                           # not read a checkout in a private directory.
-                           ("USER", "user root;" if os.geteuid() == 0 else "")):
+        fields = dict(procs.module_fields(module), REPO=str(tree), PORT=str(self.port),
+                      POOLS="\n".join(pools), TP_HANDLER=handler)
+        for key, value in fields.items():
             conf = conf.replace(f"@{key}@", value)
         (self.prefix / "conf/nginx.conf").write_text(conf)
         self.proc = None

@@ -10,7 +10,33 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-NGINX = "/usr/sbin/nginx"
+# The nginx under test: NGX_TP_NGINX when set (make test-static: an nginx
+# with the lua module compiled in), else Debian's.
+NGINX = os.environ.get("NGX_TP_NGINX", "/usr/sbin/nginx")
+MODULES = "/usr/lib/nginx/modules"
+# The module cargo built: under CARGO_TARGET_DIR when set (matrix/chroot.sh
+# sets one per Debian release).
+MODULE = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release/libngx_threadpool.so"
+
+
+def lua_module_lines():
+    """The load_module lines of ngx_devel_kit and lua-nginx-module, to go
+    before this module's: none when the lua module is compiled into nginx
+    (its -V lists it among --add-module)."""
+    flags = subprocess.run([NGINX, "-V"], capture_output=True, text=True).stderr.split()
+    if any(f.startswith("--add-module=") and "lua-nginx-module" in f for f in flags):
+        return ""
+    return (f"load_module {MODULES}/ndk_http_module.so;\n"
+            f"load_module {MODULES}/ngx_http_lua_module.so;\n")
+
+
+def module_fields(module=MODULE):
+    """The fields every nginx.conf template here has: @LUA_MODULES@, then
+    @MODULE@ for this module's load_module, and @USER@ (as root, workers
+    would run as nobody, who may not read a checkout in a private
+    directory)."""
+    return dict(LUA_MODULES=lua_module_lines(), MODULE=str(module),
+                USER="user root;" if os.geteuid() == 0 else "")
 
 
 def free_port():

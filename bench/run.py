@@ -35,7 +35,7 @@ import report  # noqa: E402
 import rust_pool  # noqa: E402
 from cells import (HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS,  # noqa: E402
                    SMALL_PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS)
-from harness import (BENCH, MODULE, OUT, REPO, WRK, Nginx, kib, log,  # noqa: E402
+from harness import (BENCH, OUT, REPO, WRK, Nginx, kib, log,  # noqa: E402
                      others_cpu_s, pool_threads_cpu_us, rss_kib, start_native,
                      WRK_SCRIPT, thread_count, thread_cpu_us, wrk_run, wrk_start,
                      wrk_wait)
@@ -418,8 +418,8 @@ def main():
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    if not MODULE.exists():
-        sys.exit(f"{MODULE} missing: run `make build` first")
+    if not procs.MODULE.exists():
+        sys.exit(f"{procs.MODULE} missing: run `make build` first")
 
     mode = "quick" if args.quick else "full"
     plan = PLANS[mode]

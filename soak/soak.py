@@ -41,7 +41,7 @@ import procs  # noqa: E402
 
 SOAK = Path(__file__).resolve().parent
 REPO = SOAK.parent
-MODULE = REPO / "target/release/libngx_threadpool.so"
+MODULE = procs.MODULE
 # The module's pools in soak/nginx.conf.tmpl: each must show in the metrics.
 POOLS = ("work", "slow", "big", "tiny", "copy")
 WORKERS = 2
@@ -143,11 +143,9 @@ class Soak:
         for sub in ("conf", "logs"):
             (self.prefix / sub).mkdir()
         conf = (SOAK / "nginx.conf.tmpl").read_text()
-        for key, value in (("MODULE", str(MODULE)), ("REPO", str(REPO)),
-                           ("SOAK", str(SOAK)), ("PORT", str(self.port)),
-                           # As root, workers would run as nobody, who may
-                           # not read a checkout in a private directory.
-                           ("USER", "user root;" if os.geteuid() == 0 else "")):
+        fields = dict(procs.module_fields(), REPO=str(REPO), SOAK=str(SOAK),
+                      PORT=str(self.port))
+        for key, value in fields.items():
             conf = conf.replace(f"@{key}@", value)
         (self.prefix / "conf/nginx.conf").write_text(conf)
         return conf

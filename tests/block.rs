@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{config, free_port, nginx_test, prefix, Nginx, NGINX};
+use common::{config, free_port, nginx_test, prefix, Nginx};
 use std::process::Command;
 
 /// The 1-based line of the first line of `text` containing `needle`.
@@ -146,7 +146,7 @@ fn block_larger_than_the_configuration_buffer() {
     let dir = prefix("dump");
     let conf = config(free_port(), 1, "thread_pool factory threads=1;", &http);
     std::fs::write(dir.join("conf/nginx.conf"), &conf).unwrap();
-    let out = Command::new(NGINX)
+    let out = Command::new(common::nginx())
         .arg("-T")
         .arg("-p")
         .arg(&dir)

@@ -77,6 +77,12 @@ fn nginx_abi() -> String {
     .to_string()
 }
 
+/// The package that ships the LuaJIT library the module links.
+fn luajit_package() -> String {
+    let owner = run(Command::new("dpkg-query").arg("-S").arg("libluajit-5.1.so.2"));
+    owner.split(':').next().unwrap().trim().to_string()
+}
+
 #[test]
 fn package_files_and_dependencies() {
     let dir = prefix("deb");
@@ -89,11 +95,21 @@ fn package_files_and_dependencies() {
     assert_eq!(field(&deb, "Package"), PACKAGE);
     assert_eq!(field(&deb, "Version"), format!("{version}-1"));
     let depends = field(&deb, "Depends");
+    // the range of lua module releases of Cargo.toml, with the epoch
+    // Debian gives libnginx-mod-http-lua; LuaJIT by the package of this
+    // release that ships it (Debian 12: libluajit2-5.1-2, 13: libluajit-5.1-2)
+    let oldest = format!("libnginx-mod-http-lua (>= 1:{})", env!("NGX_TP_LUA_OLDEST"));
+    let (newest_minor, newest_patch) = env!("NGX_TP_LUA_NEWEST").rsplit_once('.').unwrap();
+    let after = format!(
+        "libnginx-mod-http-lua (<< 1:{newest_minor}.{}~)",
+        newest_patch.parse::<u32>().unwrap() + 1
+    );
     for dep in [
         nginx_abi().as_str(),
-        "libnginx-mod-http-lua (>= 1:0.10.23)",
+        &oldest,
+        &after,
         "lua-resty-core",
-        "libluajit2-5.1-2",
+        &luajit_package(),
     ] {
         assert!(depends.contains(dep), "{dep} not in Depends: {depends}");
     }

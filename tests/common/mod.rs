@@ -10,10 +10,42 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const NGINX: &str = "/usr/sbin/nginx";
 pub const MODULES: &str = "/usr/lib/nginx/modules";
+
+/// The nginx under test: `NGX_TP_NGINX` when set (`make test-static` points
+/// it at an nginx with the lua module compiled in), else Debian's.
+pub fn nginx() -> &'static str {
+    static NGINX: OnceLock<String> = OnceLock::new();
+    NGINX.get_or_init(|| std::env::var("NGX_TP_NGINX").unwrap_or_else(|_| "/usr/sbin/nginx".into()))
+}
+
+/// Whether lua-nginx-module is compiled into that nginx (OpenResty's
+/// shape: its `-V` lists it among `--add-module`), so that no
+/// `load_module` line loads it or ngx_devel_kit.
+pub fn lua_built_in() -> bool {
+    static BUILT_IN: OnceLock<bool> = OnceLock::new();
+    *BUILT_IN.get_or_init(|| {
+        let out = Command::new(nginx()).arg("-V").output().expect("nginx -V");
+        String::from_utf8_lossy(&out.stderr)
+            .split_whitespace()
+            .any(|flag| flag.starts_with("--add-module=") && flag.contains("lua-nginx-module"))
+    })
+}
+
+/// The lines that load ngx_devel_kit and lua-nginx-module before this
+/// module: none when the lua module is built in.
+pub fn lua_module_lines() -> String {
+    if lua_built_in() {
+        String::new()
+    } else {
+        format!(
+            "load_module {MODULES}/ndk_http_module.so;\nload_module {MODULES}/ngx_http_lua_module.so;\n"
+        )
+    }
+}
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -85,9 +117,7 @@ pub fn config(port: u16, workers: usize, main: &str, http: &str) -> String {
         format!("lua_package_path \"{}/lua/?.lua;;\";", repo().display())
     };
     format!(
-        r#"load_module {MODULES}/ndk_http_module.so;
-load_module {MODULES}/ngx_http_lua_module.so;
-load_module {module};
+        r#"{lua_modules}load_module {module};
 {user}
 daemon off;
 master_process on;
@@ -102,6 +132,7 @@ http {{
 {http}
 }}
 "#,
+        lua_modules = lua_module_lines(),
         module = module_path().display(),
         user = user_line(),
         http = http.replace("$PORT", &port.to_string()),
@@ -218,10 +249,10 @@ impl Nginx {
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut cmd = Command::new(program);
-                cmd.args(args).arg(NGINX);
+                cmd.args(args).arg(nginx());
                 cmd
             }
-            None => Command::new(NGINX),
+            None => Command::new(nginx()),
         };
         let child = cmd
             .arg("-p")
@@ -411,7 +442,7 @@ pub fn nginx_test_conf(conf: &str, files: &[(&str, &str)]) -> Output {
         std::fs::write(dir.join("conf").join(name), body).unwrap();
     }
     std::fs::write(dir.join("conf/nginx.conf"), conf).unwrap();
-    let out = Command::new(NGINX)
+    let out = Command::new(nginx())
         .arg("-t")
         .arg("-p")
         .arg(&dir)
