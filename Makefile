@@ -50,9 +50,12 @@ test: build
 test-trixie:
 	matrix/chroot.sh 'make test'
 STATIC_NGINX_PACKAGES := libpcre2-dev zlib1g-dev libssl-dev
+# The module is built against that nginx's own tree and `nginx -V` flags,
+# as OpenResty's users build it.
 test-static:
 	matrix/chroot.sh 'make deps DEB_PACKAGES="$(STATIC_NGINX_PACKAGES)" && \
-		NGX_TP_NGINX=$$(matrix/static-nginx.sh) make test'
+		nginx=$$(matrix/static-nginx.sh) && NGX_TP_NGINX=$$nginx \
+		NGX_SRC=$${nginx%/sbin/nginx}/src CARGO_TARGET_DIR=$$PWD/target/static make test'
 # All three, one after the other (.ci/run).
 test-matrix: test test-trixie test-static
 

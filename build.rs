@@ -73,8 +73,13 @@ fn configure(src: &Path, tree: &Path) {
     }
     let _ = fs::remove_dir_all(tree);
     run(Command::new("cp").arg("-r").arg(src).arg(tree));
+    // Third-party modules (`--add-module`, as in `openresty -V` or an nginx
+    // with the lua module built in) change none of nginx's own structures,
+    // and their relative paths rarely exist beside the copy: left out.
     let flags = if tree.join("conf_flags").exists() {
-        "source ./conf_flags && ./configure \"${NGX_CONF_FLAGS[@]}\""
+        "source ./conf_flags && flags=() && for f in \"${NGX_CONF_FLAGS[@]}\"; do \
+         case $f in --add-module=*|--add-dynamic-module=*) ;; *) flags+=(\"$f\") ;; esac; \
+         done && ./configure \"${flags[@]}\""
     } else {
         "./configure --with-threads --with-compat"
     };

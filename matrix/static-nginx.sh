@@ -5,7 +5,10 @@
 # configured with nginx-dev's flags plus the two --add-module and linked to
 # the release's OpenResty LuaJIT. Kept under NGX_TP_STATIC_CACHE, keyed by
 # the three source versions: a build of the same versions is reused, a new
-# version is built beside it. Prints the nginx binary's path.
+# version is built beside it. Prints the nginx binary's path, DIR/sbin/nginx;
+# DIR/src is the pristine nginx tree with a conf_flags file holding the
+# binary's `nginx -V` flags, as an OpenResty user would build the module
+# against (README, "A custom nginx build"): NGX_SRC=DIR/src.
 set -euo pipefail
 
 cache=${NGX_TP_STATIC_CACHE:-/var/cache/ngx-threadpool/static}
@@ -19,7 +22,7 @@ for p in "${packages[@]}"; do
     key+="${key:+_}$p-${v//[^A-Za-z0-9.+-]/.}"
 done
 out=$cache/$key
-if [ -x "$out/sbin/nginx" ]; then
+if [ -x "$out/sbin/nginx" ] && [ -e "$out/src/conf_flags" ]; then
     echo "$out/sbin/nginx"
     exit 0
 fi
@@ -43,8 +46,11 @@ LUAJIT_LIB=$(pkg-config --variable=libdir luajit) LUAJIT_INC=$(pkg-config --cfla
     ./configure "${NGX_CONF_FLAGS[@]}" --add-module="../$ndk_dir" --add-module="../$lua_dir" \
     > ../configure.log 2>&1 || { tail -30 ../configure.log >&2; exit 1; }
 make -j"$(nproc)" > ../make.log 2>&1 || { tail -30 ../make.log >&2; exit 1; }
-mkdir -p "$out.new/sbin"
+mkdir -p "$out.new/sbin" "$out.new/src"
 install -m 0755 objs/nginx "$out.new/sbin/nginx"
+tar xf "$work"/nginx_*.orig.tar.* -C "$out.new/src" --strip-components=1
+echo "NGX_CONF_FLAGS=( $(objs/nginx -V 2>&1 | sed -n 's/^configure arguments: //p') )" \
+    > "$out.new/src/conf_flags"
 rm -rf "$out"
 mv "$out.new" "$out"
 echo "$out/sbin/nginx"
