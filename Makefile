@@ -20,7 +20,7 @@ RUN_DIR := $(CURDIR)/target/run
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test test-trixie test-static test-matrix lint fuzz run images bench bench-deps bench-compare fairness valgrind \
+.PHONY: deps build test test-trixie test-static test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -117,6 +117,17 @@ bench-deps:
 bench: build bench-deps
 	cargo build --release -p waf-rust -p bench-upper
 	QUICK=$(QUICK) /usr/bin/python3 bench/run.py
+
+# The hand-off section on Debian 13 (lua-nginx-module 0.10.28 and its
+# run_worker_thread), in the chroot of make test-trixie: writes
+# bench/results-debian13.json, then renders REPORT.md again with it as a
+# section of its own beside this machine's last run (or puts the section
+# into REPORT.md as it is, where this machine has no run). ~8 minutes;
+# QUICK=1.
+bench-trixie:
+	matrix/chroot.sh 'make bench-deps build && cargo build --release -p bench-upper -p waf-rust && \
+		QUICK=$(QUICK) python3 bench/run.py --sections handoff --results bench/results-debian13.json'
+	/usr/bin/python3 bench/report.py
 
 # The hand-off cells of BASE (a git revision, checked out and built in a
 # worktree under target/) against the working tree, the two alternating:

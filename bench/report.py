@@ -313,6 +313,32 @@ def md_problems(res):
 
 # ---- the report --------------------------------------------------------------
 
+# The hand-off section as `make bench-trixie` measured it on Debian 13
+# (lua-nginx-module 0.10.28 and its run_worker_thread), kept beside the
+# report so that the next native run shows it again.
+OTHER_RELEASE = "results-debian13.json"
+
+
+def md_other_release(out_dir):
+    path = Path(out_dir) / OTHER_RELEASE
+    if not path.exists():
+        return []
+    other = json.loads(path.read_text())
+    targets = []
+    body = md_handoff(other, targets)
+    return [
+        "## Debian 13: the hand-off on lua-nginx-module 0.10.28\n",
+        f"`make bench-trixie`: the hand-off section in the Debian 13 chroot (README, "
+        f"\"Support\"), against that release's ngx.run_worker_thread; compare its "
+        f"ratios with this report's, not its times (another run, another hour). "
+        f"From bench/{OTHER_RELEASE}.\n",
+        md_machine(other),
+        table(["target", "measured", "status"],
+              [(t, m, mark(ok)) for t, m, ok in targets]) if targets else "No target ran.\n",
+        body,
+    ]
+
+
 def render(res, out_dir):
     out_dir = Path(out_dir)
     targets = []
@@ -344,6 +370,7 @@ def render(res, out_dir):
         "## Memory\n", body["memory"],
         "## WAF: Lua + PCRE against Rust's regex\n", body["waf"],
         "## Errors, crashes and log lines\n", md_problems(res),
+        *md_other_release(out_dir),
         "## Plots\n",
         "\n".join(f"![{p}]({p})" for p in images) + "\n",
     ]
@@ -355,6 +382,25 @@ def render(res, out_dir):
     (out_dir / "REPORT.md").write_text("\n".join(doc))
 
 
+def splice_other_release(out_dir):
+    """Puts the Debian 13 section into the REPORT.md there is, in place of
+    the one it has or before its plots: for a machine that holds no
+    results of its own run."""
+    report = Path(out_dir) / "REPORT.md"
+    doc = report.read_text()
+    section = "\n".join(md_other_release(out_dir))
+    start = doc.find("## Debian 13: ")
+    if start < 0:
+        start = end = doc.index("## Plots\n")
+    else:
+        end = doc.index("\n## ", start) + 1
+    report.write_text(doc[:start] + section + "\n" + doc[end:])
+
+
 if __name__ == "__main__":
-    src = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "out/results.json"
-    render(json.loads(src.read_text()), Path(__file__).resolve().parent)
+    here = Path(__file__).resolve().parent
+    src = Path(sys.argv[1]) if len(sys.argv) > 1 else here / "out/results.json"
+    if src.exists():
+        render(json.loads(src.read_text()), here)
+    else:
+        splice_other_release(here)

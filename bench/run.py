@@ -413,6 +413,9 @@ def main():
                     help="~1 minute smoke run (also QUICK=1)")
     ap.add_argument("--sections", default=os.environ.get("BENCH_SECTIONS", ",".join(SECTIONS)),
                     help="comma-separated subset of " + ",".join(SECTIONS))
+    ap.add_argument("--results", type=Path,
+                    help="write the results here and no report: another release's "
+                    "run, which REPORT.md shows as a section of its own (make bench-trixie)")
     args = ap.parse_args()
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
@@ -452,6 +455,10 @@ def main():
     res["nginx_info"] = Nginx.last.info if Nginx.last else {}
     res["loadavg_end"] = loadavg()
     res["seconds"] = round(time.monotonic() - t0, 1)
+    if args.results:
+        args.results.write_text(json.dumps(res, indent=1))
+        log(f"done in {res['seconds']} s: {args.results}")
+        return 1 if failed else 0
     (OUT / "results.json").write_text(json.dumps(res, indent=1))
     report.render(res, BENCH)
     log(f"done in {res['seconds']} s: {BENCH / 'REPORT.md'}")
