@@ -110,7 +110,7 @@ const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 11] = [
     ),
     command(
         ngx_string(c"thread_pool_shadow"),
-        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2 | sys::NGX_CONF_TAKE3 | sys::NGX_CONF_TAKE4,
         conf::set_shadow,
         0,
     ),
@@ -319,7 +319,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     spec,
                     threads: p.threads,
                     max_queue: p.max_queue,
-                    shadow: p.shadow.as_ref().map(|s| (s.pool, s.sample)),
+                    shadow: p.shadow.as_ref().map(|s| (s.pool, s.options)),
                 })
             })
             .collect();

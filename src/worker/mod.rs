@@ -73,9 +73,9 @@ pub struct PoolSetup {
     pub spec: Spec,
     pub threads: usize,
     pub max_queue: usize,
-    /// `thread_pool_shadow`: the index of the shadow pool and the share
-    /// of tasks it runs again.
-    pub shadow: Option<(usize, f64)>,
+    /// `thread_pool_shadow`: the index of the shadow pool and the
+    /// options.
+    pub shadow: Option<(usize, crate::conf::ShadowOptions)>,
 }
 
 thread_local! {
@@ -124,7 +124,7 @@ impl Worker {
             .iter()
             .enumerate()
             .map(|(i, setup)| {
-                let (target, ratio) = setup.shadow?;
+                let (target, options) = setup.shadow?;
                 let target = shadow::Target {
                     name: setups.get(target)?.spec.pool.clone(),
                     index: target,
@@ -133,7 +133,7 @@ impl Worker {
                     max_queue: setups.get(target)?.max_queue,
                 };
                 let pool = setup.spec.pool.clone();
-                Some(Arc::new(Shadow::new(pool, all_stats[i], ratio, target)))
+                Some(Arc::new(Shadow::new(pool, all_stats[i], options, target)))
             })
             .collect();
         for (i, (setup, shadow)) in setups.into_iter().zip(shadows).enumerate() {
