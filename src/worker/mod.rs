@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tasks::{Release, RequestTasks, TaskId, Tasks, POSTED};
+use tasks::{Caller, Release, TaskId, Tasks, POSTED};
 use threads::{thread_main, THREAD_STACK_SIZE};
 use work::Job;
 
@@ -233,23 +233,24 @@ impl Worker {
     }
 
     /// Queues the tasks of `args`, one per part, for pool `pool`, all or
-    /// none: QueueFull if they do not all fit. With an owner, the caller
-    /// waits for them on the record whose id this returns (its semaphore
-    /// is posted once all are done); without, they are posted tasks whose
-    /// results nobody takes.
+    /// none: QueueFull if they do not all fit. With a caller, it waits for
+    /// them on the record whose id this returns (its semaphore is posted
+    /// once all are done); without, they are posted tasks whose results
+    /// nobody takes.
     ///
     /// # Safety
-    /// `owner` must be the pushing request's task list (see Tasks::start);
+    /// `caller.tasks` must be the pushing request's task list (see
+    /// Tasks::start);
     /// the caller keeps the bytes of the arguments' spans alive until the
     /// anchor is reaped or the result taken (posted tasks borrow nothing).
     pub unsafe fn push(
         &mut self,
         pool: usize,
-        owner: Option<*mut RequestTasks>,
+        caller: Option<Caller>,
         args: Args,
         anchor: u64,
     ) -> Result<TaskId, WorkerError> {
-        if owner.is_none() {
+        if caller.is_none() {
             // posted pushes come back only this way (see drain)
             self.drain();
         }
@@ -265,9 +266,9 @@ impl Worker {
             return Err(WorkerError::QueueFull);
         }
         let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
-        let task = match owner {
+        let task = match caller {
             // SAFETY: forwarded from the caller.
-            Some(owner) => match unsafe { self.tasks.start(owner, index, anchor) } {
+            Some(caller) => match unsafe { self.tasks.start(caller, index, anchor) } {
                 Ok(task) => task,
                 Err(e) => {
                     pool.stats.unreserve(n);
