@@ -62,12 +62,17 @@ test-matrix: test test-trixie test-static
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
 LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak
 
-# The codec against FUZZ_INPUTS generated inputs (tests/fuzz/): round trips
-# of random Lua values, and mutated, near-valid and random payloads for the
-# decoder, in one process per CPU (FUZZ_JOBS). 5-10 minutes on 2 cores;
-# make test runs 300,000 of them.
+# MISUSE_CALLS random calls of the module's C functions in one worker
+# (tests/misuse.rs; make test makes 6,000). Then the codec against
+# FUZZ_INPUTS generated inputs (tests/fuzz/): round trips of random Lua
+# values, and mutated, near-valid and random payloads for the decoder, in
+# one process per CPU (FUZZ_JOBS). 5-10 minutes on 2 cores; make test runs
+# 300,000 of them.
 FUZZ_INPUTS ?= 10000000
+MISUSE_CALLS ?= 200000
 fuzz: deps
+	MISUSE_CALLS=$(MISUSE_CALLS) cargo test --release --test misuse -- --exact \
+		random_calls_leave_the_worker_alive_serving_and_flat --nocapture
 	FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release --test fuzz -- --exact fuzz --nocapture
 
 lint: deps

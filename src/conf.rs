@@ -11,7 +11,7 @@
 //! lua_thread_pool NAME threads=N [max_queue=M];
 //! thread_pool_slow_task_log POOL time | off;   # and the other settings.rs
 //! thread_pool_accept_gate on | off [high=N] [low=M];
-//! thread_pool_shadow POOL SHADOW [sample=RATIO];
+//! thread_pool_shadow POOL SHADOW [sample=RATIO] [log_values=on|off];
 //! ```
 //! The pool itself is nginx's `thread_pool NAME threads=N [max_queue=M]`.
 
@@ -76,10 +76,19 @@ pub struct MainConf {
 pub struct ShadowConf {
     /// The shadow's index in MainConf::pools.
     pub pool: usize,
-    /// The share of tasks run again, in (0, 1].
-    pub sample: f64,
+    pub options: ShadowOptions,
     /// Where the directive is, for errors found once all is read.
     pub at: String,
+}
+
+/// `thread_pool_shadow`'s options.
+#[derive(Clone, Copy)]
+pub struct ShadowOptions {
+    /// `sample=RATIO`: the share of tasks run again, in (0, 1].
+    pub sample: f64,
+    /// `log_values=on`: a mismatch's log line shows the arguments and
+    /// results (request data) instead of their lengths and digests.
+    pub log_values: bool,
 }
 
 /// The accept gate's marks as configured (None: derived from the threads).
@@ -294,17 +303,28 @@ fn accept_gate(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
 
 main_conf_setter!(set_shadow, shadow);
 
-/// `thread_pool_shadow POOL SHADOW [sample=RATIO];`.
+/// `thread_pool_shadow POOL SHADOW [sample=RATIO] [log_values=on|off];`.
 fn shadow(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
     let args = cf.args();
-    let sample = match args.get(3).map(|a| lossy(a)) {
-        None => 1.0,
-        Some(arg) => arg
-            .strip_prefix("sample=")
-            .and_then(|r| r.parse::<f64>().ok())
-            .filter(|r| *r > 0.0 && *r <= 1.0)
-            .ok_or(ConfError::BadShadowSample(arg))?,
+    let mut options = ShadowOptions {
+        sample: 1.0,
+        log_values: false,
     };
+    for arg in args.iter().skip(3).map(|a| lossy(a)) {
+        if let Some(ratio) = arg.strip_prefix("sample=") {
+            options.sample = ratio
+                .parse::<f64>()
+                .ok()
+                .filter(|r| *r > 0.0 && *r <= 1.0)
+                .ok_or(ConfError::BadShadowOption(arg))?;
+        } else {
+            options.log_values = match arg.strip_prefix("log_values=") {
+                Some("on") => true,
+                Some("off") => false,
+                _ => return Err(ConfError::BadShadowOption(arg)),
+            };
+        }
+    }
     if args[1] == args[2] {
         return Err(ConfError::ShadowOfItself(lossy(args[1])));
     }
@@ -317,7 +337,7 @@ fn shadow(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
     }
     pool.shadow = Some(ShadowConf {
         pool: shadow,
-        sample,
+        options,
         at: cf.file_line(),
     });
     Ok(())

@@ -20,9 +20,9 @@ pub enum ConfError {
     BadScheduling(String),
     /// A `thread_pool_zero_copy` size that is neither a size > 0 nor off.
     BadZeroCopy(String),
-    /// A `thread_pool_shadow` parameter that is not sample=RATIO, RATIO
-    /// in (0, 1].
-    BadShadowSample(String),
+    /// A `thread_pool_shadow` parameter that is neither sample=RATIO,
+    /// RATIO in (0, 1], nor log_values=on|off.
+    BadShadowOption(String),
     /// `thread_pool_shadow P P`.
     ShadowOfItself(String),
     NoMemory,
@@ -88,10 +88,11 @@ impl fmt::Display for ConfError {
             ConfError::BadZeroCopy(p) => {
                 write!(f, "takes a size (16k, 1m...) or off: invalid \"{p}\"")
             }
-            ConfError::BadShadowSample(p) => {
+            ConfError::BadShadowOption(p) => {
                 write!(
                     f,
-                    "takes POOL SHADOW [sample=RATIO], RATIO in (0, 1]: invalid \"{p}\""
+                    "takes POOL SHADOW [sample=RATIO] [log_values=on|off], RATIO in (0, 1]: \
+                     invalid \"{p}\""
                 )
             }
             ConfError::ShadowOfItself(p) => {

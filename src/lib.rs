@@ -14,14 +14,14 @@
 //!    over the two kinds that the threads use.
 //! 3. `worker/`: the worker's state — pools and their threads, task
 //!    records, completions.
-//! 4. `conf.rs` + `conf_block.rs` (the directives) and `ffi.rs` (the C API
-//!    of lua/resty/threadpool.lua).
+//! 4. `conf.rs` + `conf_block.rs` (the directives) and `preload.rs` (the
+//!    C functions of lua/resty/threadpool.lua).
 //!
-//! One task's journey: `ffi.rs` (push) → `worker/mod.rs` (queue) →
+//! One task's journey: `preload.rs` (push) → `worker/mod.rs` (queue) →
 //! `worker/threads.rs` → `handler.rs` → `vm/` (decode, run, encode with
 //! `codec/`) or `native/` →
 //! `ngx/notify.rs` (wake) → `worker/tasks.rs` (complete, post the
-//! semaphore) → `ffi.rs` (result).
+//! semaphore) → `preload.rs` (result).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -29,7 +29,6 @@ pub mod codec;
 pub mod conf;
 pub mod conf_block;
 mod conf_error;
-pub mod ffi;
 pub mod handler;
 pub mod lua;
 pub mod native;
@@ -110,7 +109,7 @@ const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 11] = [
     ),
     command(
         ngx_string(c"thread_pool_shadow"),
-        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE23,
+        sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2 | sys::NGX_CONF_TAKE3 | sys::NGX_CONF_TAKE4,
         conf::set_shadow,
         0,
     ),
@@ -293,7 +292,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
             }
         };
         // One spec per configured pool, in order: a pool's index in the
-        // configuration is its id in the shim (ffi.rs).
+        // configuration is its id in the shim (preload.rs).
         let specs: Result<Vec<_>, String> = conf
             .pools
             .iter()
@@ -319,7 +318,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                     spec,
                     threads: p.threads,
                     max_queue: p.max_queue,
-                    shadow: p.shadow.as_ref().map(|s| (s.pool, s.sample)),
+                    shadow: p.shadow.as_ref().map(|s| (s.pool, s.options)),
                 })
             })
             .collect();

@@ -1,10 +1,19 @@
 //! The `ngx_threadpool` Lua module of the event loop: C functions on the
 //! caller's own Lua stack, registered with lua-nginx-module's public API
 //! for modules that extend it (`ngx_http_lua_add_package_preload`). The
-//! shim (lua/resty/threadpool.lua) keeps the waiting, the timeouts and the
-//! API; these walk the arguments and queue the tasks in one call, and
-//! build the results on the caller's stack in another, as
-//! ngx.run_worker_thread copies its values in C.
+//! shim (lua/resty/threadpool.lua) keeps the timeouts and the API; these
+//! walk the arguments, queue the tasks and wait in one call, and build the
+//! results on the caller's stack in another, as ngx.run_worker_thread
+//! copies its values in C. They are the module's whole event-loop API:
+//! nothing is exported for the FFI, whose pointer arguments no callee can
+//! check.
+//!
+//! Any Lua code can `require` them, so each checks its arguments before
+//! anything else (a Lua error naming the function and the argument, as
+//! lua-nginx-module's C functions raise), and no call can leave a wait
+//! started without the yield that goes with it, nor reach another
+//! coroutine's task: a caller's task is found by its request and
+//! coroutine, never by a handle.
 //!
 //! Every function here may see a Lua error raised under it: building
 //! values allocates, and an allocation may run a finalizer that fails, as
@@ -22,22 +31,28 @@
 
 use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
-use crate::ffi::{BAD_CONTEXT, DECLINED, ERROR, OK};
 use crate::lua::stack;
 use crate::ngx::guard;
-use crate::ngx::lua::{in_init_worker, request_of, YIELDABLE_NAMES};
+use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
 use crate::worker::payload::{Args, Payload};
-use crate::worker::tasks::{Release, RequestTasks, TaskId};
+use crate::worker::tasks::{Caller, Release, RequestTasks};
 use crate::worker::{with_worker, WorkerError};
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
+
+/// Return codes, as lua-resty-core's C functions return them.
+pub const OK: c_int = 0;
+pub const ERROR: c_int = -1;
+pub const AGAIN: c_int = -2;
+pub const DECLINED: c_int = -5;
+pub const BAD_CONTEXT: c_int = -101;
 
 /// The name `require` finds these functions under.
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
 /// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 10;
+pub const API_VERSION: c_int = 11;
 
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
 /// table, for the shim's stats); where a push may wait is `yieldable`
@@ -54,7 +69,9 @@ const N_KEY: c_int = lua::lua_upvalueindex(2);
 /// Called by Lua, as a lua_CFunction, on the event loop.
 pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
-    let functions: [(&CStr, F); 7] = [
+    let functions: [(&CStr, F); 9] = [
+        (c"pool_id", pool_id),
+        (c"stats", stats),
         (c"push", push),
         (c"push_batch", push_batch),
         (c"post", post),
@@ -101,14 +118,86 @@ unsafe fn refused(l: *mut lua_State, code: c_int, msg: &str) -> c_int {
     2
 }
 
-/// An argument as an integer (the shim passes numbers it checked).
+/// Raises `bad argument #i to 'f' (msg)`, as luaL_argerror words it but
+/// naming the function whatever its caller calls it. Any Lua code may
+/// call these functions, so each checks its arguments first, before it
+/// owns anything that the error's unwind would have to free.
 ///
 /// # Safety
-/// As refused.
-unsafe fn int_arg(l: *mut lua_State, i: c_int) -> i64 {
-    // SAFETY: forwarded; lua_tonumber reads without converting strings in
-    // place (numbers only reach here).
-    unsafe { lua::lua_tonumber(l, i) as i64 }
+/// Called by one of the functions above on its stack, owning nothing yet.
+unsafe fn bad_argument(l: *mut lua_State, i: c_int, f: &CStr, msg: &CStr) -> ! {
+    // SAFETY: forwarded; the error unwinds through the caller's frames,
+    // which hold nothing to drop, to the calling Lua code.
+    unsafe {
+        lua::lua_pushfstring(
+            l,
+            c"bad argument #%d to '%s' (%s)".as_ptr(),
+            i,
+            f.as_ptr(),
+            msg.as_ptr(),
+        );
+        lua::lua_error(l)
+    }
+}
+
+/// Raises `bad argument #i to 'f' (T expected, got U)` unless argument
+/// `i` has Lua type `t`.
+///
+/// # Safety
+/// As bad_argument.
+unsafe fn check_type(l: *mut lua_State, i: c_int, f: &CStr, t: c_int) {
+    // SAFETY: forwarded; type names are static strings.
+    unsafe {
+        let got = lua::lua_type(l, i);
+        if got != t {
+            lua::lua_pushfstring(
+                l,
+                c"%s expected, got %s".as_ptr(),
+                lua::lua_typename(l, t),
+                lua::lua_typename(l, got),
+            );
+            let msg = CStr::from_ptr(lua::lua_tostring(l, -1));
+            bad_argument(l, i, f, msg)
+        }
+    }
+}
+
+/// Argument `i` of `f`: a whole number in `min..=max`, else raises with
+/// `msg`.
+///
+/// # Safety
+/// As bad_argument.
+unsafe fn int_arg(l: *mut lua_State, i: c_int, f: &CStr, range: (f64, f64), msg: &CStr) -> i64 {
+    // SAFETY: forwarded.
+    unsafe {
+        check_type(l, i, f, lua::LUA_TNUMBER);
+        let n = lua::lua_tonumber(l, i);
+        // NaN fails every comparison
+        if !(n >= range.0 && n <= range.1 && n.fract() == 0.0) {
+            bad_argument(l, i, f, msg)
+        }
+        n as i64
+    }
+}
+
+/// Argument `i` of `f`: the id of a pool of the running configuration.
+///
+/// # Safety
+/// As bad_argument.
+unsafe fn pool_arg(l: *mut lua_State, i: c_int, f: &CStr) -> usize {
+    let last = crate::conf::running_pools().len() as f64 - 1.0;
+    // SAFETY: forwarded.
+    unsafe { int_arg(l, i, f, (0.0, last), c"no such thread pool") as usize }
+}
+
+/// Argument `i` of `f`: a timeout in milliseconds.
+///
+/// # Safety
+/// As bad_argument.
+unsafe fn ms_arg(l: *mut lua_State, i: c_int, f: &CStr) -> c_int {
+    let range = (1.0, f64::from(c_int::MAX));
+    // SAFETY: forwarded.
+    unsafe { int_arg(l, i, f, range, c"timeout out of range: 1 to 2147483647 ms") as c_int }
 }
 
 /// The running configuration, when the caller runs in its
@@ -237,6 +326,48 @@ unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
     }
 }
 
+/// `id = pool_id(name)`: the id of the pool `name` (0-based), -1 if no
+/// pool of that name has a process handler. Read from the configuration,
+/// so it also answers before the worker's threads exist
+/// (init_worker_by_lua runs first).
+unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the argument is checked first, and a string's
+    // bytes stay put while it is on the stack.
+    unsafe {
+        check_type(l, 1, c"pool_id", lua::LUA_TSTRING);
+        let mut len = 0;
+        let data = lua::lua_tolstring(l, 1, &mut len);
+        let name = std::slice::from_raw_parts(data.cast::<u8>(), len);
+        let id = crate::conf::running_pools()
+            .iter()
+            .position(|p| p.name.as_bytes() == name)
+            .map_or(-1, |id| id as lua::lua_Integer);
+        lua::lua_pushinteger(l, id);
+    }
+    1
+}
+
+/// `counters = stats(pool)`: this worker's counters of pool `pool`, an
+/// array in worker/stats.rs's order; nil outside a worker.
+unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the argument is checked first. The counters
+    // are a local: an error raised while the table is built drops them.
+    unsafe {
+        let pool = pool_arg(l, 1, c"stats");
+        let counters = guard::catch(|| with_worker(|w| w.stats(pool)));
+        let Some(counters) = counters.ok().flatten().flatten() else {
+            lua::lua_pushnil(l);
+            return 1;
+        };
+        lua::lua_createtable(l, counters.len() as c_int, 0);
+        for (i, &n) in counters.iter().enumerate() {
+            lua::lua_pushnumber(l, n as f64);
+            lua::lua_rawseti_(l, -2, i as c_int + 1);
+        }
+    }
+    1
+}
+
 /// `reap()`: lets go of the strings of tasks that ended after their
 /// caller stopped waiting or went away; each push reaps too, so that a
 /// busy worker lets go as it goes. Once the worker stopped there is
@@ -256,15 +387,20 @@ unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
     0
 }
 
-/// `rc, task_or_err = push(pool, timeout_ms, ...)`: queues one task and
-/// makes the coroutine wait (AGAIN, then yield); DECLINED when the queue
-/// is full; BAD_CONTEXT where it may not wait; ERROR and a message.
+/// `ok, err = push(pool, timeout_ms, ...)`: queues one task and waits:
+/// the coroutine yields until the task is done (true) or the timeout
+/// (false, "timeout"), then takes the results with `result()` or lets go
+/// of the task with `release()`. The wait is started and yielded here, in
+/// one call, so that no Lua code can start a wait and not yield for it.
+/// Nothing queued: DECLINED when the queue is full, BAD_CONTEXT where it
+/// may not wait, ERROR and a message.
 unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua with the shim's arguments; the values are at
-    // 3..=top.
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else; the values are at 3..=top.
     unsafe {
+        let pool = pool_arg(l, 1, c"push");
+        let ms = ms_arg(l, 2, c"push");
         let n = (lua::lua_gettop(l) - 2).max(0) as usize;
-        let pool = int_arg(l, 1) as usize;
         let borrow = borrow_of(l, pool);
         let mut args = new_args();
         if let Err(e) = codec::write_values(
@@ -279,20 +415,25 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
             return refused(l, ERROR, &e.to_string());
         }
         args.end_part();
-        queue(l, pool, args, Values::Stack(3, n), borrow)
+        queue(l, pool, ms, args, Values::Stack(3, n), borrow)
     }
 }
 
-/// `rc, task_or_err = push_batch(pool, timeout_ms, list, count)`: as push,
-/// one task per entry of list[1..count], an argument table whose `n`
-/// field, when a number, counts its values. One record, one wait.
+/// `ok, err = push_batch(pool, timeout_ms, list, count)`: as push, one
+/// task per entry of list[1..count], count <= #list, an argument table
+/// whose `n` field, when a number, counts its values; the results come
+/// with `results()`. One record, one wait.
 unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua with the shim's arguments (list at 3, a
-    // table); each entry is pushed at 5, above the count, with the walk's
-    // slots reserved above it.
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else (list at 3, a table); each entry is pushed at 5, above the
+    // count, with the walk's slots reserved above it.
     unsafe {
-        let pool = int_arg(l, 1) as usize;
-        let count = int_arg(l, 4).max(0) as usize;
+        let f = c"push_batch";
+        let pool = pool_arg(l, 1, f);
+        let ms = ms_arg(l, 2, f);
+        check_type(l, 3, f, lua::LUA_TTABLE);
+        let len = lua::lua_objlen(l, 3) as f64;
+        let count = int_arg(l, 4, f, (1.0, len), c"count out of range: 1 to #list") as usize;
         let borrow = borrow_of(l, pool);
         lua::lua_settop(l, 4);
         if !codec::reserve_walk(l, 2) {
@@ -340,7 +481,7 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
             lua::lua_settop(l, 4);
             return refused(l, ERROR, &msg);
         }
-        queue(l, pool, args, Values::List(3, &counts), borrow)
+        queue(l, pool, ms, args, Values::List(3, &counts), borrow)
     }
 }
 
@@ -350,13 +491,15 @@ fn new_args() -> Args {
 }
 
 /// What push and push_batch share: anchors the borrowed strings, queues
-/// the tasks and starts the wait; pushes what the shim gets.
+/// the tasks and starts the wait, and yields for it (the value of their
+/// `return`), or pushes what the shim gets at once.
 ///
 /// # Safety
 /// As refused, with `args` encoded from `values`.
 unsafe fn queue(
     l: *mut lua_State,
     pool: usize,
+    ms: c_int,
     args: Args,
     values: Values,
     borrow: Option<Borrow>,
@@ -364,18 +507,19 @@ unsafe fn queue(
     // SAFETY: forwarded.
     unsafe {
         reap(l);
-        let ms = int_arg(l, 2).clamp(1, c_int::MAX as i64) as c_int;
-        let r = request_of(l);
         let Some(anchor) = anchor(l, values, borrow, &args.spans) else {
             return refused(l, ERROR, "an argument changed while it was pushed");
         };
-        let queued = guard::catch(|| queue_and_wait(r, pool, ms, args, anchor))
+        let queued = guard::catch(|| queue_and_wait(l, pool, ms, args, anchor))
             .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));
         match queued {
-            Queued::Waiting(rc, task) => {
-                lua::lua_pushinteger(l, rc as lua::lua_Integer);
-                lua::lua_pushnumber(l, task as f64);
-                2
+            // lua_yield only marks the coroutine (it yields when this
+            // function returns its value): the coroutine was found able
+            // to yield before the wait started
+            Queued::Waiting(AGAIN) => lua::lua_yield(l, 0),
+            Queued::Waiting(_) => {
+                lua::lua_pushboolean(l, 1);
+                1
             }
             Queued::Refused(rc, msg) => {
                 // nothing reads the strings
@@ -392,37 +536,55 @@ unsafe fn queue(
 
 /// How a push went.
 enum Queued {
-    /// Queued; the wait's code (AGAIN or OK) and the record.
-    Waiting(c_int, TaskId),
+    /// Queued; the wait's code (AGAIN or OK).
+    Waiting(c_int),
     /// Nothing queued: the code and message.
     Refused(c_int, String),
     /// Queued, but the wait failed: the tasks run for no one.
     NotWaiting(String),
 }
 
-/// Queues the tasks for the running request and starts its wait.
-fn queue_and_wait(
-    r: *mut crate::ngx::sys::ngx_http_request_t,
-    pool: usize,
-    ms: c_int,
-    args: Args,
-    anchor: u64,
-) -> Queued {
-    // SAFETY: request_of gave the request of the running coroutine, or null.
-    let Some(r) = (unsafe { Request::from_raw(r) }) else {
-        return Queued::Refused(BAD_CONTEXT, String::new());
-    };
-    if !r.may_yield() {
-        return Queued::Refused(BAD_CONTEXT, String::new());
-    }
+/// The running coroutine of `l` as a caller that may wait: None outside a
+/// request or where it may not wait, and when the request's pool is out
+/// of memory (`Err`).
+///
+/// # Safety
+/// `l` is the running coroutine, on the event loop.
+unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Caller), ()>> {
+    // SAFETY: forwarded; request_of gives the request of the running
+    // coroutine, or null.
+    let r = unsafe { Request::from_raw(request_of(l)) }.filter(Request::may_yield)?;
     // SAFETY: this module keeps only its RequestTasks in the slot.
-    let Some(owner) = (unsafe { r.module_ctx::<RequestTasks>() }) else {
-        return Queued::Refused(ERROR, "no memory".into());
+    let Some(tasks) = (unsafe { r.module_ctx::<RequestTasks>() }) else {
+        return Some(Err(()));
     };
+    let co = l.cast_const().cast();
+    Some(Ok((
+        r,
+        Caller {
+            tasks: tasks.as_ptr(),
+            co,
+        },
+    )))
+}
+
+/// Queues the tasks for the running coroutine and starts its wait.
+fn queue_and_wait(l: *mut lua_State, pool: usize, ms: c_int, args: Args, anchor: u64) -> Queued {
+    // SAFETY: l is the running coroutine (queue's contract).
+    let (r, caller) = match unsafe { caller_of(l) } {
+        None => return Queued::Refused(BAD_CONTEXT, String::new()),
+        Some(Err(())) => return Queued::Refused(ERROR, "no memory".into()),
+        Some(Ok(found)) => found,
+    };
+    // SAFETY: as above.
+    if !unsafe { may_suspend(l) } {
+        return Queued::Refused(ERROR, NOT_YIELDABLE.into());
+    }
     let queued = with_worker(|w| {
-        // SAFETY: owner lives in r->pool and unlinks its records when that
-        // pool is destroyed; the shim's stack anchors the borrowed strings.
-        let task = match unsafe { w.push(pool, Some(owner.as_ptr()), args, anchor) } {
+        // SAFETY: the caller's list lives in r->pool and unlinks its
+        // records when that pool is destroyed; the shim's stack anchors
+        // the borrowed strings.
+        let task = match unsafe { w.push(pool, Some(caller), args, anchor) } {
             Ok(task) => task,
             Err(WorkerError::QueueFull) => return Queued::Refused(DECLINED, String::new()),
             Err(e) => return Queued::Refused(ERROR, e.to_string()),
@@ -443,7 +605,7 @@ fn queue_and_wait(
             w.tasks.release(task, Release::NotWaiting);
             return Queued::NotWaiting(String::from_utf8_lossy(&buf[..len]).into_owned());
         }
-        Queued::Waiting(rc, task)
+        Queued::Waiting(rc)
     });
     queued.unwrap_or_else(|| Queued::Refused(ERROR, "not in a worker process".into()))
 }
@@ -451,10 +613,11 @@ fn queue_and_wait(
 /// `ok, err = post(pool, ...)`: queues a task whose result nobody takes.
 /// Its arguments borrow nothing: nobody would hear when they are free.
 unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua with the shim's arguments, the values at 2..=top.
+    // SAFETY: called by Lua; the pool checked before anything else; the
+    // values at 2..=top.
     unsafe {
+        let pool = pool_arg(l, 1, c"post");
         let n = (lua::lua_gettop(l) - 1).max(0) as usize;
-        let pool = int_arg(l, 1) as usize;
         let mut args = new_args();
         if let Err(e) = codec::write_values(
             l,
@@ -486,18 +649,21 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
     }
 }
 
-/// Takes a finished task's results and lets go of its anchored strings:
-/// None when the task is not finished.
+/// Takes the results of the running coroutine's finished task and lets
+/// go of its anchored strings: None when it has none.
 ///
 /// # Safety
 /// As refused.
 unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
     // SAFETY: forwarded.
-    let task = unsafe { lua::lua_tonumber(l, 1) } as TaskId;
-    let (results, anchor) = guard::catch(|| with_worker(|w| w.tasks.take_result(task)))
-        .ok()
-        .flatten()
-        .flatten()?;
+    let (_, caller) = unsafe { caller_of(l) }?.ok()?;
+    let taken = guard::catch(|| {
+        with_worker(|w| {
+            let task = w.tasks.of(caller)?;
+            Some((task, w.tasks.take_result(task)?))
+        })
+    });
+    let (task, (results, anchor)) = taken.ok().flatten().flatten()?;
     if anchor != 0 {
         // SAFETY: forwarded.
         unsafe { unanchor(l, &[anchor]) };
@@ -518,11 +684,14 @@ fn recycle(results: Vec<Payload>) {
     with_worker(|w| w.tasks.recycle(results));
 }
 
-/// `values... = result(task)`: the handler's return values, or nil and
-/// the error (the handler's error value, or the module's).
+/// `values... = result()`: the handler's return values of the running
+/// coroutine's task, once its push was resumed with true, or nil and the
+/// error (the handler's error value, or the module's: "no result" when
+/// it has no finished task).
 unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua with the task's handle at 1; the results are a
-    // local here, so an error raised while building the values drops them.
+    // SAFETY: called by Lua; its arguments are not read; the results are
+    // a local here, so an error raised while building the values drops
+    // them.
     unsafe {
         let Some(results) = take(l) else {
             return nil_and(l, "no result");
@@ -561,8 +730,8 @@ unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
     2
 }
 
-/// `results = results(task)`: a batch's results in task order, each
-/// `{ true, values..., n = k }` or `{ false, err, n = 2 }`.
+/// `results = results()`: as result, a batch's results in task order,
+/// each `{ true, values..., n = k }` or `{ false, err, n = 2 }`.
 unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
     // SAFETY: as in result; the payloads are read, some at a time, before
     // their entries are built, and each entry is built above the results
@@ -607,16 +776,21 @@ unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
     }
 }
 
-/// `release(task)`: the caller stopped waiting (timeout): a running task
-/// is abandoned, its tasks not started are skipped and its late results
-/// dropped; a finished one is freed.
+/// `release()`: the running coroutine stopped waiting (its push was
+/// resumed with false, "timeout"): its running task is abandoned, its
+/// tasks not started are skipped and its late results dropped; a
+/// finished one is freed.
 unsafe extern "C-unwind" fn release(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua with the task's handle at 1.
-    let task = unsafe { lua::lua_tonumber(l, 1) } as TaskId;
+    // SAFETY: called by Lua; its arguments are not read.
+    let Some(Ok((_, caller))) = (unsafe { caller_of(l) }) else {
+        return 0;
+    };
     let _ = guard::catch(|| {
         with_worker(|w| {
+            let task = w.tasks.of(caller)?;
             crate::ngx::log::debug(format_args!("task {task:#x} released by its caller"));
             drop(w.tasks.release(task, Release::Timeout));
+            Some(())
         })
     });
     0

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::Nginx;
+use common::{env_u64, Nginx};
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
@@ -31,13 +31,6 @@ const REPLAY: &str = "replay a seed S with: PROPERTY_SEED=S PROPERTY_SEEDS=1 \
 
 /// Seeds per request.
 const CHUNK: u64 = 200;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
-    })
-}
 
 fn start() -> Nginx {
     let http = format!(

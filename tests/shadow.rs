@@ -1,4 +1,5 @@
-//! Shadow comparison (`thread_pool_shadow POOL SHADOW [sample=RATIO]`): a
+//! Shadow comparison (`thread_pool_shadow POOL SHADOW [sample=RATIO]
+//! [log_values=on]`): a
 //! sampled share of POOL's tasks run again on SHADOW with the same
 //! arguments after POOL's result is back; SHADOW's thread compares the
 //! results as Lua values and counts, in `stats()` and `thread_pool_status`.
@@ -9,9 +10,10 @@
 //! - `sample=0.25` compares exactly a quarter;
 //! - a full shadow queue skips the comparison and counts it, the caller
 //!   unaffected;
-//! - the first mismatch is logged with the arguments and both results,
-//!   each cut to a bounded length, and further ones within a second only
-//!   counted;
+//! - the first mismatch is logged, and further ones within a second only
+//!   counted: by default with the lengths and digests of the arguments and
+//!   both results, never their content; with `log_values=on` with the
+//!   values, each cut to a bounded length;
 //! - zero-copy strings both ways survive their caller and POOL's thread
 //!   letting go of them before SHADOW compares;
 //! - the caller does not wait for a slow shadow;
@@ -119,15 +121,20 @@ const HTTP: &str = r#"
     lua_thread_pool alt2 threads=1;
     lua_thread_pool quick threads=1;
     lua_thread_pool slow threads=1 max_queue=1;
+    lua_thread_pool loud threads=1;
+    lua_thread_pool loud_alt threads=1;
     thread_pool_process_by_lua_block main { return require("sh").handler("main") }
     thread_pool_process_by_lua_block alt { return require("sh").handler("alt") }
     thread_pool_process_by_lua_block sampled { return require("sh").handler("main") }
     thread_pool_process_by_lua_block alt2 { return require("sh").handler("alt") }
     thread_pool_process_by_lua_block quick { return require("sh").handler("main") }
     thread_pool_process_by_lua_block slow { return require("sh").handler("alt") }
+    thread_pool_process_by_lua_block loud { return require("sh").handler("main") }
+    thread_pool_process_by_lua_block loud_alt { return require("sh").handler("alt") }
     thread_pool_shadow main alt;
     thread_pool_shadow sampled alt2 sample=0.25;
     thread_pool_shadow quick slow;
+    thread_pool_shadow loud loud_alt log_values=on sample=1;
     thread_pool_zero_copy main 1k;
     thread_pool_zero_copy alt 1k;
     server {
@@ -228,10 +235,11 @@ const HTTP: &str = r#"
         }
         location /log {
             content_by_lua_block {
-                local tp = require "resty.threadpool"
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local secret = "session=" .. ngx.var.arg_secret
                 local big = string.rep("\1x", 50000)
                 for _ = 1, 3 do
-                    assert(tp.main:push_task("differ", big) == "a")
+                    assert(pool:push_task("differ", secret, big) == "a")
                 end
                 ngx.print("ok")
             }
@@ -339,33 +347,63 @@ fn a_full_shadow_queue_skips_and_counts_and_the_caller_goes_on() {
     n.assert_clean_log();
 }
 
-#[test]
-fn the_first_mismatch_is_logged_cut_and_the_next_ones_counted() {
+/// The one line /log's three mismatches on `pool` write.
+fn mismatch_line(pool: &str, secret: &str) -> String {
     let n = start();
-    assert_eq!(get(&n, "/log"), "ok");
-    assert_eq!(counts_once(&n, "main", |c, _| c >= 3), (3, 3, 0));
+    assert_eq!(get(&n, &format!("/log?pool={pool}&secret={secret}")), "ok");
+    assert_eq!(counts_once(&n, pool, |c, _| c >= 3), (3, 3, 0));
     let log = n.error_log();
     let lines: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("and its shadow"))
         .collect();
     assert_eq!(lines.len(), 1, "{log}");
-    let line = lines[0];
-    assert!(line.contains("[warn]"), "{line}");
+    assert!(lines[0].contains("[warn]"), "{}", lines[0]);
+    n.assert_clean_log();
+    lines[0].to_string()
+}
+
+#[test]
+fn the_first_mismatch_is_logged_without_values_and_the_next_ones_counted() {
+    let line = mismatch_line("main", "hunter2-7f3a");
+    assert!(!line.contains("hunter2"), "{line}");
+    assert!(!line.contains("session"), "{line}");
+    // "differ", "session=hunter2-7f3a" and 50,000 "\001x" as Lua source
     assert!(
         line.contains(
-            r#"thread pool "main" and its shadow "alt" differ (0 more since the last line): arguments: "differ", "\001x\001x"#
+            r#"thread pool "main" and its shadow "alt" differ (0 more since the last line): arguments: 3 values, 250036 bytes, digest "#
         ),
         "{line}"
     );
     assert!(
-        line.contains(r#"..."; "main" returned: "a"; "alt" returned: "b""#)
-            || line.contains(r#"...; "main" returned: "a"; "alt" returned: "b""#),
+        line.contains(r#"; "main" returned: 1 value, 3 bytes, digest "#)
+            && line.contains(r#"; "alt" returned: 1 value, 3 bytes, digest "#),
+        "{line}"
+    );
+    // the digests tell the two results apart
+    let digest = |after: &str| line.split(after).nth(1).unwrap()[..8].to_string();
+    assert_ne!(
+        digest(r#""main" returned: 1 value, 3 bytes, digest "#),
+        digest(r#""alt" returned: 1 value, 3 bytes, digest "#)
+    );
+}
+
+#[test]
+fn with_log_values_the_first_mismatch_is_logged_cut_with_its_values() {
+    let line = mismatch_line("loud", "hunter2-7f3a");
+    assert!(
+        line.contains(
+            r#"thread pool "loud" and its shadow "loud_alt" differ (0 more since the last line): arguments: "differ", "session=hunter2-7f3a", "\001x\001x"#
+        ),
+        "{line}"
+    );
+    assert!(
+        line.contains(r#"..."; "loud" returned: "a"; "loud_alt" returned: "b""#)
+            || line.contains(r#"...; "loud" returned: "a"; "loud_alt" returned: "b""#),
         "{line}"
     );
     // 100,000 bytes of arguments, shown in at most 256 (+ "...")
     assert!(line.len() < 600, "{} bytes: {line}", line.len());
-    n.assert_clean_log();
 }
 
 #[test]
@@ -404,13 +442,17 @@ fn configuration_errors() {
     for (directives, error) in [
         (
             "thread_pool_shadow a b sample=0;",
-            r#""thread_pool_shadow" directive takes POOL SHADOW [sample=RATIO], RATIO in (0, 1]: invalid "sample=0""#,
+            r#""thread_pool_shadow" directive takes POOL SHADOW [sample=RATIO] [log_values=on|off], RATIO in (0, 1]: invalid "sample=0""#,
         ),
         (
             "thread_pool_shadow a b sample=1.5;",
             r#"invalid "sample=1.5""#,
         ),
         ("thread_pool_shadow a b rate=1;", r#"invalid "rate=1""#),
+        (
+            "thread_pool_shadow a b log_values=yes;",
+            r#"invalid "log_values=yes""#,
+        ),
         (
             "thread_pool_shadow a a;",
             r#""thread_pool_shadow" directive cannot make thread pool "a" its own shadow"#,
@@ -439,7 +481,9 @@ fn configuration_errors() {
     }
     let out = nginx_test(
         "",
-        &format!("{handlers}thread_pool_shadow a b sample=0.5; thread_pool_shadow c b;"),
+        &format!(
+            "{handlers}thread_pool_shadow a b sample=0.5; thread_pool_shadow c b log_values=off;"
+        ),
         &[],
     );
     assert!(

@@ -6,13 +6,9 @@
 --
 -- The calling coroutine waits; the event loop keeps serving other requests.
 
-local ffi = require "ffi"
 local new_tab = require "table.new"
 
-local C = ffi.C
-local ffi_new = ffi.new
 local get_phase = ngx.get_phase
-local co_yield = coroutine._yield
 local error = error
 local getmetatable = getmetatable
 local newproxy = newproxy
@@ -21,18 +17,12 @@ local pcall = pcall
 local rawset = rawset
 local require = require
 local setmetatable = setmetatable
-local tonumber = tonumber
 local tostring = tostring
 local type = type
 local floor = math.floor
 
-ffi.cdef [[
-int ngx_threadpool_pool_id(const unsigned char *name, size_t len);
-int ngx_threadpool_stats(int pool, uint64_t *out, size_t n);
-]]
-
 -- The module's C functions on this VM's stack (src/preload.rs).
-local API_VERSION = 10
+local API_VERSION = 11
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -53,9 +43,10 @@ local c_result = core.result
 local c_results = core.results
 local c_release = core.release
 local c_reap = core.reap
+local c_pool_id = core.pool_id
+local c_stats = core.stats
 
 local FFI_OK = 0
-local FFI_AGAIN = -2
 local FFI_DECLINED = -5
 local FFI_BAD_CONTEXT = -101
 
@@ -110,26 +101,24 @@ local function refused(rc, err, api)
     return nil, err
 end
 
--- Waits for a push that queued its tasks: the results, built by
--- `result`, or nil and the error ("timeout": the late results are dropped
--- when they arrive).
-local function wait(rc, task, result)
-    if rc == FFI_AGAIN then
-        local woke, err = co_yield()
-        if not woke then
-            c_release(task)
-            return nil, err
-        end
+-- A push that queued its tasks returns once they are done (true: the
+-- results, built by `result`) or its timeout passed (false, "timeout":
+-- the late results are dropped when they arrive); it waits and yields in
+-- the module, in one call. Else the code and message of a refusal.
+local function waited(ok, err, result)
+    if ok then
+        return result()
     end
-    return result(task)
+    c_release()
+    return nil, err
 end
 
 local function push(pool, ms, ...)
-    local rc, task = c_push(pool.id, ms, ...)
-    if rc == FFI_AGAIN or rc == FFI_OK then
-        return wait(rc, task, c_result)
+    local ok, err = c_push(pool.id, ms, ...)
+    if type(ok) == "boolean" then
+        return waited(ok, err, c_result)
     end
-    return refused(rc, task, "push_task")
+    return refused(ok, err, "push_task")
 end
 
 local function push_batch(pool, ms, list)
@@ -140,11 +129,11 @@ local function push_batch(pool, ms, list)
     if n == 0 then
         return {}
     end
-    local rc, task = c_push_batch(pool.id, ms, list, n)
-    if rc == FFI_AGAIN or rc == FFI_OK then
-        return wait(rc, task, c_results)
+    local ok, err = c_push_batch(pool.id, ms, list, n)
+    if type(ok) == "boolean" then
+        return waited(ok, err, c_results)
     end
-    return refused(rc, task, "push_tasks")
+    return refused(ok, err, "push_tasks")
 end
 
 -- The counters of worker/stats.rs, in its order, then two histograms of
@@ -159,18 +148,17 @@ local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
 local SHADOW = { "compared", "mismatched", "skipped" }
 local SHADOW_AT = #COUNTERS + 2 * (#BOUNDS + 1)
 local STATS_LEN = SHADOW_AT + #SHADOW
-local stats_out = ffi_new("uint64_t[?]", STATS_LEN)
 
-local function histogram(offset)
+local function histogram(counters, offset)
     local buckets = new_tab(#BOUNDS, 0)
     local count = 0
     for i = 1, #BOUNDS do
-        local n = tonumber(stats_out[offset + i - 1])
+        local n = counters[offset + i]
         buckets[i] = { le = BOUNDS[i], count = n }
         count = count + n
     end
     return { buckets = buckets, count = count,
-             sum = tonumber(stats_out[offset + #BOUNDS]) / 1e6 }
+             sum = counters[offset + #BOUNDS + 1] / 1e6 }
 end
 
 local Pool = {}
@@ -236,8 +224,8 @@ end
 -- and an error outside a worker process.
 function Pool.stats(self)
     check_self(self, "stats")
-    local n = C.ngx_threadpool_stats(self.id, stats_out, STATS_LEN)
-    if n ~= STATS_LEN then
+    local counters = c_stats(self.id)
+    if not counters or #counters ~= STATS_LEN then
         if get_phase() == "init_worker" then
             return nil, core.not_started
         end
@@ -245,14 +233,14 @@ function Pool.stats(self)
     end
     local t = new_tab(0, #COUNTERS + #SHADOW + 3)
     for i = 1, #COUNTERS do
-        t[COUNTERS[i]] = tonumber(stats_out[i - 1])
+        t[COUNTERS[i]] = counters[i]
     end
     for i = 1, #SHADOW do
-        t["shadow_" .. SHADOW[i]] = tonumber(stats_out[SHADOW_AT + i - 1])
+        t["shadow_" .. SHADOW[i]] = counters[SHADOW_AT + i]
     end
     t.in_flight = t.queued + t.busy
-    t.wait = histogram(#COUNTERS)
-    t.run = histogram(#COUNTERS + #BOUNDS + 1)
+    t.wait = histogram(counters, #COUNTERS)
+    t.run = histogram(counters, #COUNTERS + #BOUNDS + 1)
     return t
 end
 
@@ -271,7 +259,7 @@ return setmetatable(_M, {
         if type(name) ~= "string" then
             return nil
         end
-        local id = C.ngx_threadpool_pool_id(name, #name)
+        local id = c_pool_id(name)
         if id < 0 then
             error("resty.threadpool: no thread pool \"" .. name
                   .. "\" with a thread_pool_process_by_lua handler", 2)

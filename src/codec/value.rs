@@ -159,21 +159,60 @@ impl Values<'_> {
             out: String::new(),
             max,
         };
-        let full = self.0.iter().enumerate().try_for_each(|(i, v)| {
-            if i > 0 {
-                out.write_str(", ")?;
-            }
-            match v {
-                None => out.write_str("nil"),
-                Some(v) => show(v, &mut out),
-            }
-        });
+        let full = self.write(&mut out);
         let mut text = out.out;
         if full.is_err() {
             text.truncate(max);
             text.push_str("...");
         }
         text
+    }
+
+    /// What identifies the values without showing them: how many, the
+    /// length of `show`'s whole text, and the first 32 bits of its FNV-1a
+    /// hash (`2 values, 41 bytes, digest 0c9e21a7`).
+    pub fn digest(&self) -> String {
+        let mut d = Digest {
+            len: 0,
+            hash: FNV_OFFSET,
+        };
+        // a Digest never refuses a write
+        let _ = self.write(&mut d);
+        let n = self.0.len();
+        let s = if n == 1 { "" } else { "s" };
+        format!("{n} value{s}, {} bytes, digest {:08x}", d.len, d.hash >> 32)
+    }
+
+    /// The values as Lua source, to `out`.
+    fn write(&self, out: &mut impl Write) -> fmt::Result {
+        self.0.iter().enumerate().try_for_each(|(i, v)| {
+            if i > 0 {
+                out.write_str(", ")?;
+            }
+            match v {
+                None => out.write_str("nil"),
+                Some(v) => show(v, out),
+            }
+        })
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// A sink that only counts and hashes what is written (FNV-1a, 64 bits).
+struct Digest {
+    len: usize,
+    hash: u64,
+}
+
+impl Write for Digest {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.len += s.len();
+        for &b in s.as_bytes() {
+            self.hash = (self.hash ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+        }
+        Ok(())
     }
 }
 
@@ -194,7 +233,7 @@ impl Write for Capped {
     }
 }
 
-fn show(v: &Value, out: &mut Capped) -> fmt::Result {
+fn show(v: &Value, out: &mut impl Write) -> fmt::Result {
     match v {
         Value::Null => out.write_str("ngx.null"),
         Value::Bool(b) => write!(out, "{b}"),
@@ -345,5 +384,22 @@ mod tests {
         let shown = of(&long).show(40);
         assert_eq!(shown.len(), 43, "{shown}");
         assert!(shown.starts_with("\"\\255\\255") && shown.ends_with("..."));
+    }
+
+    #[test]
+    fn a_digest_counts_and_hashes_the_whole_text() {
+        let secret =
+            |s: &'static [u8]| payload(1, &[(1, &move |o| rmp::encode::write_bin(o, s).unwrap())]);
+        let (a, b) = (secret(b"hunter2"), secret(b"hunter3"));
+        let d = of(&a).digest();
+        assert!(d.starts_with("1 value, 9 bytes, digest "), "{d}");
+        assert!(!d.contains("hunter"), "{d}");
+        assert_eq!(d, of(&secret(b"hunter2")).digest());
+        assert_ne!(d, of(&b).digest());
+        let long = payload(
+            1,
+            &[(1, &|o| rmp::encode::write_bin(o, &[0xff; 1000]).unwrap())],
+        );
+        assert!(of(&long).digest().starts_with("1 value, 4002 bytes, "));
     }
 }

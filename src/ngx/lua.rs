@@ -47,6 +47,26 @@ const YIELDABLE: c_int = 0x0002 | 0x8000 | 0x0004 | 0x0008 | 0x0080 | 0x0400;
 /// The contexts of YIELDABLE as the shim's error lists them.
 pub const YIELDABLE_NAMES: &str =
     "rewrite, server_rewrite, access, content, timer or ssl_certificate";
+/// Why a push that would wait where its coroutine cannot yield is refused.
+pub const NOT_YIELDABLE: &str = "cannot wait here: called from a function that a C function \
+     called (a table.sort comparator, a string.gsub callback, a finalizer)";
+
+unsafe extern "C-unwind" {
+    /// LuaJIT's: whether the running coroutine may yield from here.
+    fn lua_isyieldable(l: *mut lua::lua_State) -> c_int;
+}
+
+/// Whether the running coroutine `l` may yield from the C function that
+/// asks: not when a C function (table.sort, string.gsub, a finalizer's
+/// caller) sits between it and the coroutine's start.
+///
+/// # Safety
+/// `l` must be the running coroutine.
+pub unsafe fn may_suspend(l: *mut lua::lua_State) -> bool {
+    // SAFETY: forwarded; a read of the coroutine's C frame.
+    unsafe { lua_isyieldable(l) != 0 }
+}
+
 /// NGX_HTTP_LUA_CONTEXT_INIT_WORKER.
 const INIT_WORKER: c_int = 0x0100;
 

@@ -1,6 +1,6 @@
-//! What the C API of the Lua shim (ffi.rs) receives: the running request
-//! and lua-resty-core style out-parameters, made safe to use once, at the
-//! entry point.
+//! What the C functions of the Lua shim (preload.rs) work with: the running
+//! request and lua-resty-core style out-parameters, made safe to use once,
+//! at the entry point.
 
 use super::{lua, sys};
 use std::ffi::{c_int, c_void};
@@ -88,46 +88,6 @@ impl ErrOut {
     pub fn raw(&self) -> (*mut u8, *mut usize) {
         (self.buf, self.len)
     }
-}
-
-/// An out-parameter of type T.
-pub struct Out<T>(NonNull<T>);
-
-impl<T> Out<T> {
-    /// None for a null pointer.
-    ///
-    /// # Safety
-    /// `p` must be null or writable for the current call.
-    pub unsafe fn new(p: *mut T) -> Option<Out<T>> {
-        NonNull::new(p).map(Out)
-    }
-
-    pub fn set(&self, value: T) {
-        // SAFETY: writable (new).
-        unsafe { self.0.as_ptr().write(value) }
-    }
-}
-
-/// `n` values at `p` (an empty slice for a null pointer).
-///
-/// # Safety
-/// `p` must be null or point to `n` readable values that stay put for `'a`.
-pub unsafe fn items<'a, T>(p: *const T, n: usize) -> &'a [T] {
-    if p.is_null() || n == 0 {
-        return &[];
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe { std::slice::from_raw_parts(p, n) }
-}
-
-/// `n` writable values at `p`; None for a null pointer.
-///
-/// # Safety
-/// `p` must be null or point to `n` writable values, not otherwise used
-/// during `'a`.
-pub unsafe fn items_mut<'a, T>(p: *mut T, n: usize) -> Option<&'a mut [T]> {
-    // SAFETY: forwarded from the caller.
-    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(p, n) })
 }
 
 /// `len` bytes at `data` (an empty slice for a null pointer).

@@ -19,6 +19,9 @@ pub struct Pair {
     pub shadow: String,
     /// POOL's counters, where the pair's are kept.
     pub counts: &'static PoolStats,
+    /// Whether a mismatch's line shows the values (`log_values=on`), or
+    /// only what identifies them: the values are request data.
+    log_values: bool,
     /// When the last mismatch was logged, and how many since were not.
     logged: Mutex<Option<Instant>>,
     unlogged: AtomicU64,
@@ -27,15 +30,17 @@ pub struct Pair {
 /// How often a pair logs a mismatch at most (the first one at once).
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// Bytes of each of the arguments and the two results in a log line.
+/// Bytes of each of the arguments and the two results in a log line
+/// (`log_values=on`).
 pub const SHOWN: usize = 256;
 
 impl Pair {
-    pub fn new(pool: String, shadow: String, counts: &'static PoolStats) -> Pair {
+    pub fn new(pool: String, shadow: String, counts: &'static PoolStats, log_values: bool) -> Pair {
         Pair {
             pool,
             shadow,
             counts,
+            log_values,
             logged: Mutex::new(None),
             unlogged: AtomicU64::new(0),
         }
@@ -171,8 +176,18 @@ impl Expected {
         }
         PoolStats::add(&counts.shadow_mismatched);
         let unlogged = self.pair.may_log()?;
+        let log_values = self.pair.log_values;
         let show = |failed: bool, v: Result<codec::Values, codec::CodecError>| {
-            let text = v.map_or_else(|e| e.to_string(), |v| v.show(SHOWN));
+            let text = v.map_or_else(
+                |e| e.to_string(),
+                |v| {
+                    if log_values {
+                        v.show(SHOWN)
+                    } else {
+                        v.digest()
+                    }
+                },
+            );
             if failed {
                 format!("error {text}")
             } else {

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tasks::{Release, RequestTasks, TaskId, Tasks, POSTED};
+use tasks::{Caller, Release, TaskId, Tasks, POSTED};
 use threads::{thread_main, THREAD_STACK_SIZE};
 use work::Job;
 
@@ -73,9 +73,9 @@ pub struct PoolSetup {
     pub spec: Spec,
     pub threads: usize,
     pub max_queue: usize,
-    /// `thread_pool_shadow`: the index of the shadow pool and the share
-    /// of tasks it runs again.
-    pub shadow: Option<(usize, f64)>,
+    /// `thread_pool_shadow`: the index of the shadow pool and the
+    /// options.
+    pub shadow: Option<(usize, crate::conf::ShadowOptions)>,
 }
 
 thread_local! {
@@ -124,7 +124,7 @@ impl Worker {
             .iter()
             .enumerate()
             .map(|(i, setup)| {
-                let (target, ratio) = setup.shadow?;
+                let (target, options) = setup.shadow?;
                 let target = shadow::Target {
                     name: setups.get(target)?.spec.pool.clone(),
                     index: target,
@@ -133,7 +133,7 @@ impl Worker {
                     max_queue: setups.get(target)?.max_queue,
                 };
                 let pool = setup.spec.pool.clone();
-                Some(Arc::new(Shadow::new(pool, all_stats[i], ratio, target)))
+                Some(Arc::new(Shadow::new(pool, all_stats[i], options, target)))
             })
             .collect();
         for (i, (setup, shadow)) in setups.into_iter().zip(shadows).enumerate() {
@@ -233,23 +233,24 @@ impl Worker {
     }
 
     /// Queues the tasks of `args`, one per part, for pool `pool`, all or
-    /// none: QueueFull if they do not all fit. With an owner, the caller
-    /// waits for them on the record whose id this returns (its semaphore
-    /// is posted once all are done); without, they are posted tasks whose
-    /// results nobody takes.
+    /// none: QueueFull if they do not all fit. With a caller, it waits for
+    /// them on the record whose id this returns (its semaphore is posted
+    /// once all are done); without, they are posted tasks whose results
+    /// nobody takes.
     ///
     /// # Safety
-    /// `owner` must be the pushing request's task list (see Tasks::start);
+    /// `caller.tasks` must be the pushing request's task list (see
+    /// Tasks::start);
     /// the caller keeps the bytes of the arguments' spans alive until the
     /// anchor is reaped or the result taken (posted tasks borrow nothing).
     pub unsafe fn push(
         &mut self,
         pool: usize,
-        owner: Option<*mut RequestTasks>,
+        caller: Option<Caller>,
         args: Args,
         anchor: u64,
     ) -> Result<TaskId, WorkerError> {
-        if owner.is_none() {
+        if caller.is_none() {
             // posted pushes come back only this way (see drain)
             self.drain();
         }
@@ -265,9 +266,9 @@ impl Worker {
             return Err(WorkerError::QueueFull);
         }
         let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
-        let task = match owner {
+        let task = match caller {
             // SAFETY: forwarded from the caller.
-            Some(owner) => match unsafe { self.tasks.start(owner, index, anchor) } {
+            Some(caller) => match unsafe { self.tasks.start(caller, index, anchor) } {
                 Ok(task) => task,
                 Err(e) => {
                     pool.stats.unreserve(n);

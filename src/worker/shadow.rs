@@ -1,5 +1,5 @@
 //! POOL's half of a shadow comparison (`thread_pool_shadow POOL SHADOW
-//! [sample=RATIO]`): a sampled share of POOL's tasks run again on SHADOW
+//! [sample=RATIO] [log_values=on]`): a sampled share of POOL's tasks run again on SHADOW
 //! with the same arguments, and SHADOW's thread compares the two results
 //! (compare.rs). POOL's thread hands the task over when its own result is
 //! there, before the completion goes to the event loop: the arguments'
@@ -13,6 +13,7 @@ use super::compare::{Expected, Owned, Pair};
 use super::payload::Payload;
 use super::stats::PoolStats;
 use super::work::{Job, Work};
+use crate::conf::ShadowOptions;
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -57,11 +58,17 @@ pub struct Target {
 }
 
 impl Shadow {
-    pub fn new(pool: String, counts: &'static PoolStats, ratio: f64, target: Target) -> Shadow {
+    pub fn new(
+        pool: String,
+        counts: &'static PoolStats,
+        options: ShadowOptions,
+        target: Target,
+    ) -> Shadow {
+        let pair = Pair::new(pool, target.name, counts, options.log_values);
         Shadow {
-            pair: Arc::new(Pair::new(pool, target.name, counts)),
+            pair: Arc::new(pair),
             sample: Sampler {
-                ratio,
+                ratio: options.sample,
                 seen: AtomicU64::new(0),
             },
             jobs: target.jobs,

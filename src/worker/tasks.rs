@@ -13,9 +13,13 @@ use super::work::{Job, Work};
 use super::{with_worker, WorkerError};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::hash::{BuildHasherDefault, Hasher};
 
-/// A task's handle as the shim holds it: generation << 32 | slot. A stale or
-/// forged handle names no live record and is refused.
+/// A record's handle inside the module (and in debug lines): generation <<
+/// 32 | slot. Lua never holds one: a caller's record is found by who it is
+/// (`Caller`), so no handle can be stale, forged or another request's.
 pub type TaskId = u64;
 
 /// The handle of a posted task (post_task): no record, no caller. Real
@@ -62,8 +66,18 @@ struct Slot {
     pool: u32,
     /// The request's task list this record is on (NONE when on none).
     owner: *mut RequestTasks,
+    /// The coroutine that pushed and waits (Caller::co), only compared.
+    waiter: *const c_void,
     prev: u32,
     next: u32,
+}
+
+/// Who pushes and waits: the request's task list and the coroutine (its
+/// lua_State), whose newest record is the one it waits on.
+#[derive(Clone, Copy)]
+pub struct Caller {
+    pub tasks: *mut RequestTasks,
+    pub co: *const c_void,
 }
 
 /// The tasks of one request, allocated in the request's pool; dropping it
@@ -111,6 +125,33 @@ pub struct Tasks {
     reaped: Vec<u64>,
     /// Each pool's counters, by pool index.
     pub stats: Vec<&'static PoolStats>,
+    /// By coroutine (Caller::co): its newest record, until that is freed.
+    /// A coroutine waits on one record at a time: an older one is either
+    /// running for a caller that stopped waiting (its completion frees
+    /// it) or finished with results it never took (its next push frees
+    /// it).
+    newest: HashMap<usize, TaskId, BuildHasherDefault<AddressHasher>>,
+}
+
+/// Hashes a coroutine's address: one multiplication, whose high bits
+/// depend on every bit of the address.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0.rotate_left(32)
+    }
 }
 
 /// Why a caller lets go of a task.
@@ -191,13 +232,15 @@ impl Tasks {
         }
     }
 
-    /// A new Running record on `owner`'s list, with a clean semaphore.
+    /// A new Running record of `caller` on its request's list, with a
+    /// clean semaphore.
     ///
     /// # Safety
-    /// `owner` must be live until it is dropped, which unlinks its records.
+    /// `caller.tasks` must be live until it is dropped, which unlinks its
+    /// records.
     pub unsafe fn start(
         &mut self,
-        owner: *mut RequestTasks,
+        caller: Caller,
         pool: usize,
         anchor: u64,
     ) -> Result<TaskId, WorkerError> {
@@ -213,6 +256,7 @@ impl Tasks {
                     work: None,
                     anchor: 0,
                     owner: std::ptr::null_mut(),
+                    waiter: std::ptr::null(),
                     pool: 0,
                     prev: NONE,
                     next: NONE,
@@ -233,9 +277,28 @@ impl Tasks {
         slot.state = State::Running;
         slot.anchor = anchor;
         slot.pool = pool as u32;
+        slot.waiter = caller.co;
         let id = join(slot.gen, index);
-        self.link(index, owner);
+        self.link(index, caller.tasks);
+        if let Some(older) = self.newest.insert(caller.co as usize, id) {
+            // results its caller never took: nobody will
+            let (gen, index) = split(older);
+            if self.slots[index as usize].gen == gen
+                && self.slots[index as usize].state == State::Done
+            {
+                drop(self.release_index(index));
+            }
+        }
         Ok(id)
+    }
+
+    /// The record `caller` waits on: its coroutine's newest, while that
+    /// is on its request's list (running or done).
+    pub fn of(&self, caller: Caller) -> Option<TaskId> {
+        let id = *self.newest.get(&(caller.co as usize))?;
+        let (gen, index) = split(id);
+        let slot = &self.slots[index as usize];
+        (slot.gen == gen && slot.owner == caller.tasks).then_some(id)
     }
 
     fn slot(&self, id: TaskId) -> Option<&Slot> {
@@ -379,6 +442,10 @@ impl Tasks {
     fn release_index(&mut self, index: u32) -> Option<Job> {
         self.unlink(index);
         let slot = &mut self.slots[index as usize];
+        let key = slot.waiter as usize;
+        if self.newest.get(&key) == Some(&join(slot.gen, index)) {
+            self.newest.remove(&key);
+        }
         if slot.anchor != 0 {
             self.reaped.push(std::mem::take(&mut slot.anchor));
         }
@@ -470,6 +537,7 @@ impl Tasks {
         self.spare_args.clear();
         self.spare_lists.clear();
         self.reaped.clear();
+        self.newest.clear();
     }
 }
 

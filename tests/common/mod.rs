@@ -420,6 +420,15 @@ pub fn thread_count(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// The number in environment variable `name`, or `default` when it is not
+/// set (a test's count or seed).
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+    })
+}
+
 /// Resident set size of a process in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
