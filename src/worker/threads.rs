@@ -93,8 +93,9 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
     };
     let mut handler = build();
     // Handlers rebuilt while the event loop still read result strings of
-    // theirs: kept until it has let go of them.
-    let mut retired: Vec<Handler> = Vec::new();
+    // theirs: kept until it has let go of them. Room for one is taken
+    // now, while memory is not short (see `close`).
+    let mut retired: Vec<Handler> = Vec::with_capacity(1);
     let (unpin_tx, unpin_rx) = unbounded::<PinKey>();
     let unpin = |handler: &Result<Handler, String>, retired: &mut Vec<Handler>| {
         for key in unpin_rx.try_iter() {
@@ -141,6 +142,9 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         while let Some(claim) = job.claim(threads) {
             stats.taken.fetch_add(claim.len() as u64, Ordering::Relaxed);
             PoolStats::add(&stats.busy);
+            // Room for the claim's results, before a task may exhaust the
+            // memory.
+            results.reserve(claim.len());
             job.result_buffers(claim.clone(), &mut buffers);
             for (i, bytes) in claim.zip(buffers.drain(..)) {
                 let (args, spans) = (job.args.part(i), &job.args.spans[..]);
@@ -200,6 +204,16 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     pin,
                     drained,
                 } = outcome;
+                if outcome == Outcome::OutOfMemory {
+                    // Its state holds the memory that everything from here
+                    // on may need (a log line, the completion, the new
+                    // state): it goes first.
+                    close(
+                        std::mem::replace(&mut handler, Err(String::new())),
+                        &mut retired,
+                        &collect,
+                    );
+                }
                 if let (n @ 1.., Some(first)) = drained {
                     report(
                         log::NGX_LOG_WARN,
@@ -231,16 +245,6 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                             codec::NOT_ENOUGH_MEMORY
                         ),
                     );
-                    // The old state goes first: its memory is what the new one
-                    // needs. If the event loop still reads strings of it, it
-                    // stays until they are let go of, with its garbage collected.
-                    match handler {
-                        Ok(old) if old.has_pins() => {
-                            collect(&old);
-                            retired.push(old);
-                        }
-                        _ => {}
-                    }
                     handler = build();
                     // the rebuild is the next task's wait, not its run
                     now = Instant::now();
@@ -312,6 +316,25 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 break;
             }
         }
+    }
+}
+
+/// Closes the handler of a thread whose state ran out of memory, first
+/// thing, so that its memory comes back before anything else allocates. If
+/// the event loop still reads strings of it, it stays in `retired` until
+/// they are let go of, with its garbage collected; were there no room left
+/// to keep it, it is leaked, never freed under the event loop's reads.
+fn close(handler: Result<Handler, String>, retired: &mut Vec<Handler>, collect: impl Fn(&Handler)) {
+    match handler {
+        Ok(old) if old.has_pins() => {
+            collect(&old);
+            if retired.try_reserve(1).is_ok() {
+                retired.push(old);
+            } else {
+                std::mem::forget(old);
+            }
+        }
+        closed => drop(closed),
     }
 }
 
