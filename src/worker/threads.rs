@@ -92,6 +92,9 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         }
     };
     let mut handler = build();
+    // A state that ran out of memory and could not be built again (memory
+    // still short): built again before the next job.
+    let mut rebuild = false;
     // Handlers rebuilt while the event loop still read result strings of
     // theirs: kept until it has let go of them. Room for one is taken
     // now, while memory is not short (see `close`).
@@ -134,6 +137,10 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         };
         if stopping.load(Ordering::Relaxed) {
             continue;
+        }
+        if rebuild {
+            handler = build();
+            rebuild = handler.is_err();
         }
         // One clock read per task: the end of a task is when the next one
         // of the job starts (a claim and a flag apart), and the job's
@@ -211,7 +218,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     close(
                         std::mem::replace(&mut handler, Err(String::new())),
                         &mut retired,
-                        &collect,
+                        collect,
                     );
                 }
                 if let (n @ 1.., Some(first)) = drained {
@@ -246,6 +253,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                         ),
                     );
                     handler = build();
+                    rebuild = handler.is_err();
                     // the rebuild is the next task's wait, not its run
                     now = Instant::now();
                 }
