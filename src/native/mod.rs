@@ -217,13 +217,9 @@ unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, 
         // life; msg holds len bytes (the header's contract).
         let (to, msg) = unsafe { (&*log.cast::<LogTo>(), crate::ngx::shim::bytes(msg, len)) };
         let level = level.clamp(abi::LOG_ERR, abi::LOG_DEBUG) as u32;
-        let mut line = Vec::with_capacity(9 + msg.len() + to.suffix.len());
-        line.extend_from_slice(b"[native] ");
-        line.extend_from_slice(msg);
-        line.extend_from_slice(to.suffix.as_bytes());
         match to.log {
-            Some(l) => l.write(level, &line),
-            None => eprintln!("{}", String::from_utf8_lossy(&line)),
+            Some(l) => l.write_parts(level, &[b"[native] ", msg, to.suffix.as_bytes()]),
+            None => eprintln!("[native] {}{}", String::from_utf8_lossy(msg), to.suffix),
         }
     });
 }

@@ -81,13 +81,24 @@ struct Line {
 }
 
 impl Line {
-    fn new(args: std::fmt::Arguments) -> Line {
-        let mut line = Line {
+    fn empty() -> Line {
+        Line {
             buf: [0; LINE_MAX],
             len: 0,
-        };
+        }
+    }
+
+    /// The module's message `args`, prefixed with PREFIX.
+    fn new(args: std::fmt::Arguments) -> Line {
+        let mut line = Line::empty();
         let _ = std::fmt::Write::write_fmt(&mut line, format_args!("{PREFIX}{args}"));
         line
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(LINE_MAX - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
     }
 
     fn bytes(&self) -> &[u8] {
@@ -97,9 +108,7 @@ impl Line {
 
 impl std::fmt::Write for Line {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let n = s.len().min(LINE_MAX - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
+        self.push(s.as_bytes());
         Ok(())
     }
 }
@@ -118,6 +127,18 @@ impl Log {
     pub fn debug_enabled(self) -> bool {
         // SAFETY: self.0 is a live log (see the Send impl).
         unsafe { (*self.0).log_level & sys::NGX_LOG_DEBUG_HTTP as usize != 0 }
+    }
+
+    /// Writes the line made of `parts` at `level`, as `message` does
+    /// (without the prefix).
+    pub fn write_parts(self, level: u32, parts: &[&[u8]]) {
+        if self.enabled(level) {
+            let mut line = Line::empty();
+            for part in parts {
+                line.push(part);
+            }
+            self.write(level, line.bytes());
+        }
     }
 
     /// A step of a task's journey, in nginx's debug log.

@@ -149,9 +149,6 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         while let Some(claim) = job.claim(threads) {
             stats.taken.fetch_add(claim.len() as u64, Ordering::Relaxed);
             PoolStats::add(&stats.busy);
-            // Room for the claim's results, before a task may exhaust the
-            // memory.
-            results.reserve(claim.len());
             job.result_buffers(claim.clone(), &mut buffers);
             for (i, bytes) in claim.zip(buffers.drain(..)) {
                 let (args, spans) = (job.args.part(i), &job.args.spans[..]);
