@@ -127,8 +127,8 @@ fn get(ngx: &Nginx, path: &str) -> String {
 
 /// Runs `op` in the pool ROUNDS times: each time the task gets the memory
 /// error, and the same process then answers a plain task, the Rust pool
-/// and the event loop; it logs one warn line per rebuild and quits
-/// cleanly.
+/// and the event loop; it logs one warn line per rebuild, no failed
+/// build, and quits cleanly.
 fn exhaust_in_the_pool(op: &str) {
     let mut ngx = start();
     let pid = get(&ngx, "/pid");
@@ -153,6 +153,8 @@ fn exhaust_in_the_pool(op: &str) {
         })
         .count();
     assert_eq!(warned, ROUNDS, "{log}");
+    // each new state was built at once (a build that fails logs why)
+    assert!(!log.contains("[error]"), "{log}");
     common::assert_clean(&log);
     assert!(!log.contains("memory allocation of"), "{log}");
 }
