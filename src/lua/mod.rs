@@ -17,18 +17,12 @@ pub const NOT_ENOUGH_MEMORY: &str = "not enough memory";
 /// A new state for a pool thread: every standard library with ffi (pool
 /// code uses it as event-loop code does), the collector stopped while the
 /// module sets the state up (see vm/mod.rs) and the fallible allocator
-/// installed. Put the allocator
-/// back with `restore_allocator` before the state is dropped.
+/// installed. Drop the allocator only after the state.
 pub fn new_thread_state() -> mlua::Result<(Lua, Allocator)> {
     let lua = scratch_state();
     lua.gc_stop();
     let allocator = alloc::install(&lua)?;
     Ok((lua, allocator))
-}
-
-/// Puts mlua's allocator back into a state from `new_thread_state`.
-pub fn restore_allocator(lua: &Lua, allocator: &Allocator) {
-    alloc::restore(lua, allocator);
 }
 
 /// A state with every standard library, ffi and jit included.

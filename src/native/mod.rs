@@ -19,6 +19,7 @@ use crate::codec::{self, Span, MAX_PAYLOAD};
 use crate::ngx::guard;
 use crate::ngx::log::{self, Log};
 use crate::run::{Cancel, Outcome};
+use std::borrow::Cow;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
@@ -76,7 +77,7 @@ impl State {
         let written = sink.finish();
         if rc != abi::OK {
             return Err(match written {
-                Err(text) => text,
+                Err(text) => text.into_owned(),
                 Ok(()) if err.is_empty() => format!(
                     "ngx_threadpool_init of \"{}\" returned {rc}",
                     spec.library.path
@@ -145,8 +146,9 @@ impl Drop for State {
 /// The payload a library writes, bounded like any other.
 struct Sink<'a> {
     buf: &'a mut Vec<u8>,
-    /// Why a write was refused: the error the caller gets instead.
-    refused: Option<String>,
+    /// Why a write was refused: the error the caller gets instead (out of
+    /// memory without allocating).
+    refused: Option<Cow<'static, str>>,
 }
 
 impl<'a> Sink<'a> {
@@ -165,7 +167,7 @@ impl<'a> Sink<'a> {
 
     /// Ok, or the error text of a refused write (the payload is then
     /// not the library's).
-    fn finish(self) -> Result<(), String> {
+    fn finish(self) -> Result<(), Cow<'static, str>> {
         self.refused.map_or(Ok(()), Err)
     }
 
@@ -174,11 +176,11 @@ impl<'a> Sink<'a> {
             return -1;
         }
         if self.buf.len() + bytes.len() > MAX_PAYLOAD {
-            self.refused = Some(codec::size_message("return value"));
+            self.refused = Some(codec::size_message("return value").into());
             return -1;
         }
         if self.buf.try_reserve(bytes.len()).is_err() {
-            self.refused = Some(codec::NOT_ENOUGH_MEMORY.into());
+            self.refused = Some(Cow::Borrowed(codec::NOT_ENOUGH_MEMORY));
             return -1;
         }
         self.buf.extend_from_slice(bytes);
@@ -215,13 +217,9 @@ unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, 
         // life; msg holds len bytes (the header's contract).
         let (to, msg) = unsafe { (&*log.cast::<LogTo>(), crate::ngx::shim::bytes(msg, len)) };
         let level = level.clamp(abi::LOG_ERR, abi::LOG_DEBUG) as u32;
-        let mut line = Vec::with_capacity(9 + msg.len() + to.suffix.len());
-        line.extend_from_slice(b"[native] ");
-        line.extend_from_slice(msg);
-        line.extend_from_slice(to.suffix.as_bytes());
         match to.log {
-            Some(l) => l.write(level, &line),
-            None => eprintln!("{}", String::from_utf8_lossy(&line)),
+            Some(l) => l.write_parts(level, &[b"[native] ", msg, to.suffix.as_bytes()]),
+            None => eprintln!("[native] {}{}", String::from_utf8_lossy(msg), to.suffix),
         }
     });
 }

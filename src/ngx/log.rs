@@ -68,12 +68,57 @@ pub fn pool_suffix(pool: &str) -> String {
     format!(", thread pool: {pool}")
 }
 
+/// The longest line the module formats: nginx's own (NGX_MAX_ERROR_STR),
+/// which cuts longer ones too.
+const LINE_MAX: usize = 2048;
+
+/// A line formatted on the stack, cut at LINE_MAX bytes: writing a line
+/// allocates nothing, so that a pool thread can say its Lua state ran out
+/// of memory while the memory is still short.
+struct Line {
+    buf: [u8; LINE_MAX],
+    len: usize,
+}
+
+impl Line {
+    fn empty() -> Line {
+        Line {
+            buf: [0; LINE_MAX],
+            len: 0,
+        }
+    }
+
+    /// The module's message `args`, prefixed with PREFIX.
+    fn new(args: std::fmt::Arguments) -> Line {
+        let mut line = Line::empty();
+        let _ = std::fmt::Write::write_fmt(&mut line, format_args!("{PREFIX}{args}"));
+        line
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(LINE_MAX - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Write for Line {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.push(s.as_bytes());
+        Ok(())
+    }
+}
+
 impl Log {
     /// Writes the module's message `args` at `level`: formatted only if
     /// the level lets it through, prefixed with PREFIX.
     pub fn message(self, level: u32, args: std::fmt::Arguments) {
         if self.enabled(level) {
-            self.write(level, format!("{PREFIX}{args}").as_bytes());
+            self.write(level, Line::new(args).bytes());
         }
     }
 
@@ -84,10 +129,22 @@ impl Log {
         unsafe { (*self.0).log_level & sys::NGX_LOG_DEBUG_HTTP as usize != 0 }
     }
 
+    /// Writes the line made of `parts` at `level`, as `message` does
+    /// (without the prefix).
+    pub fn write_parts(self, level: u32, parts: &[&[u8]]) {
+        if self.enabled(level) {
+            let mut line = Line::empty();
+            for part in parts {
+                line.push(part);
+            }
+            self.write(level, line.bytes());
+        }
+    }
+
     /// A step of a task's journey, in nginx's debug log.
     pub fn debug(self, args: std::fmt::Arguments) {
         if self.debug_enabled() {
-            self.write(NGX_LOG_DEBUG, format!("{PREFIX}{args}").as_bytes());
+            self.write(NGX_LOG_DEBUG, Line::new(args).bytes());
         }
     }
 }

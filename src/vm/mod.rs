@@ -59,14 +59,10 @@ pub struct ThreadVm {
     l: *mut lua_State,
     refs: Refs,
     calls: Calls,
+    /// Dropped after `lua` (fields drop in this order): the state closes
+    /// with its allocator.
+    _lua: Lua,
     allocator: crate::lua::Allocator,
-    lua: Lua,
-}
-
-impl Drop for ThreadVm {
-    fn drop(&mut self) {
-        crate::lua::restore_allocator(&self.lua, &self.allocator);
-    }
 }
 
 static NEXT_PIN: AtomicU64 = AtomicU64::new(1);
@@ -91,11 +87,13 @@ impl ThreadVm {
                 l,
                 refs,
                 calls,
+                _lua: lua,
                 allocator,
-                lua,
             }),
             Err(e) => {
-                crate::lua::restore_allocator(&lua, &allocator);
+                // the state first, with its allocator (see ThreadVm)
+                drop(lua);
+                drop(allocator);
                 Err(e)
             }
         }
@@ -143,6 +141,12 @@ impl ThreadVm {
             // that failed.
             Status::OutOfMemory => t.fail(CodecError::OutOfMemory),
             Status::Error(msg) => t.fail(CodecError::Value(msg)),
+        }
+        if self.allocator.spent() {
+            // Whatever the handler made of its memory error, the state
+            // holds the memory and is to be closed: so are the results
+            // it may have pinned in it.
+            t.fail(CodecError::OutOfMemory);
         }
         let pin = (t.pinned && t.outcome == Outcome::Done).then(|| {
             self.pinned.borrow_mut().insert(key);

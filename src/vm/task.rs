@@ -145,15 +145,20 @@ pub struct Task<'a> {
 }
 
 impl Task<'_> {
-    /// The task failed with `e` (out of memory included).
+    /// The task failed with `e` (out of memory included: then without
+    /// allocating, in the room its result buffer was given beforehand).
     pub(super) fn fail(&mut self, e: CodecError) {
-        self.out.clear();
         self.out_spans.clear();
-        self.outcome = match e {
-            CodecError::OutOfMemory => Outcome::OutOfMemory,
-            _ => Outcome::Failed,
-        };
-        codec::encode_string(e.to_string().as_bytes(), self.out);
+        match e {
+            CodecError::OutOfMemory => {
+                self.outcome = Outcome::OutOfMemory;
+                crate::run::fail(self.out, codec::NOT_ENOUGH_MEMORY);
+            }
+            e => {
+                self.outcome = Outcome::Failed;
+                crate::run::fail(self.out, &e.to_string());
+            }
+        }
     }
 }
 

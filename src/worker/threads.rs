@@ -92,9 +92,13 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         }
     };
     let mut handler = build();
+    // A state that ran out of memory and could not be built again (memory
+    // still short): built again before the next job.
+    let mut rebuild = false;
     // Handlers rebuilt while the event loop still read result strings of
-    // theirs: kept until it has let go of them.
-    let mut retired: Vec<Handler> = Vec::new();
+    // theirs: kept until it has let go of them. Room for one is taken
+    // now, while memory is not short (see `close`).
+    let mut retired: Vec<Handler> = Vec::with_capacity(1);
     let (unpin_tx, unpin_rx) = unbounded::<PinKey>();
     let unpin = |handler: &Result<Handler, String>, retired: &mut Vec<Handler>| {
         for key in unpin_rx.try_iter() {
@@ -133,6 +137,10 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         };
         if stopping.load(Ordering::Relaxed) {
             continue;
+        }
+        if rebuild {
+            handler = build();
+            rebuild = handler.is_err();
         }
         // One clock read per task: the end of a task is when the next one
         // of the job starts (a claim and a flag apart), and the job's
@@ -200,6 +208,16 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     pin,
                     drained,
                 } = outcome;
+                if outcome == Outcome::OutOfMemory {
+                    // Its state holds the memory that everything from here
+                    // on may need (a log line, the completion, the new
+                    // state): it goes first.
+                    close(
+                        std::mem::replace(&mut handler, Err(String::new())),
+                        &mut retired,
+                        collect,
+                    );
+                }
                 if let (n @ 1.., Some(first)) = drained {
                     report(
                         log::NGX_LOG_WARN,
@@ -231,17 +249,8 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                             codec::NOT_ENOUGH_MEMORY
                         ),
                     );
-                    // The old state goes first: its memory is what the new one
-                    // needs. If the event loop still reads strings of it, it
-                    // stays until they are let go of, with its garbage collected.
-                    match handler {
-                        Ok(old) if old.has_pins() => {
-                            collect(&old);
-                            retired.push(old);
-                        }
-                        _ => {}
-                    }
                     handler = build();
+                    rebuild = handler.is_err();
                     // the rebuild is the next task's wait, not its run
                     now = Instant::now();
                 }
@@ -312,6 +321,25 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 break;
             }
         }
+    }
+}
+
+/// Closes the handler of a thread whose state ran out of memory, first
+/// thing, so that its memory comes back before anything else allocates. If
+/// the event loop still reads strings of it, it stays in `retired` until
+/// they are let go of, with its garbage collected; were there no room left
+/// to keep it, it is leaked, never freed under the event loop's reads.
+fn close(handler: Result<Handler, String>, retired: &mut Vec<Handler>, collect: impl Fn(&Handler)) {
+    match handler {
+        Ok(old) if old.has_pins() => {
+            collect(&old);
+            if retired.try_reserve(1).is_ok() {
+                retired.push(old);
+            } else {
+                std::mem::forget(old);
+            }
+        }
+        closed => drop(closed),
     }
 }
 
