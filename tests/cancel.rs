@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{eventually, request, Nginx};
+use common::{eventually, request, skipped_once_idle, Nginx};
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
@@ -177,24 +177,6 @@ fn recorded(n: &Nginx, key: &str) -> f64 {
     v.unwrap()
 }
 
-/// The spin pool's tasks skipped so far (their caller gave up before a
-/// thread took them), once no task is queued or running.
-fn skipped_once_idle(n: &Nginx) -> u64 {
-    let mut skipped = None;
-    assert!(
-        eventually(Duration::from_secs(3 * LIMIT_S as u64), || {
-            let r = request(n.port, "GET", "/idle", &[], b"").text();
-            skipped = match r.split_once(' ') {
-                Some(("0", s)) => s.parse().ok(),
-                _ => None,
-            };
-            skipped.is_some()
-        }),
-        "the pool never went idle"
-    );
-    skipped.unwrap()
-}
-
 /// For the handler that records under `key`, whose caller recorded when
 /// it gave up under `{caller}_gaveup`: asserts that it saw the flag and
 /// that every look that found it down began before the caller gave up.
@@ -221,7 +203,7 @@ fn check_seen(n: &Nginx, caller: &str, key: &str) -> f64 {
 /// others were counted as cancelled (the pool's count grew by as many
 /// since `skipped_before`). Returns how many ran.
 fn check_trials(n: &Nginx, what: &str, tasks: &[(String, String)], skipped_before: u64) -> usize {
-    let skipped_now = skipped_once_idle(n);
+    let skipped_now = skipped_once_idle(n, "/idle");
     let mut seen_after = Vec::new();
     let mut not_run = 0;
     for (caller, key) in tasks {
@@ -250,7 +232,7 @@ fn until_run(n: &Nginx, what: &str, mut one: impl FnMut(usize) -> Vec<(String, S
     const RUN: usize = 3;
     let mut ran = 0;
     for i in 0..50 {
-        let before = skipped_once_idle(n);
+        let before = skipped_once_idle(n, "/idle");
         let tasks = one(i);
         ran += check_trials(n, what, &tasks, before);
         if ran >= RUN {

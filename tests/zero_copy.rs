@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{eventually, nginx_test, Nginx};
+use common::{eventually, nginx_test, skipped_once_idle, Nginx};
 use std::time::Duration;
 
 const HTTP: &str = r#"
@@ -370,22 +370,6 @@ fn large_strings_cross_in_place_both_ways() {
     n.assert_clean_log();
 }
 
-/// The tasks of pool one skipped so far, once none is queued or running.
-fn skipped_once_idle(n: &Nginx) -> u64 {
-    let mut skipped = None;
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            skipped = match n.get("/idle").text().split_once(' ') {
-                Some(("0", s)) => s.parse().ok(),
-                _ => None,
-            };
-            skipped.is_some()
-        }),
-        "the pool never went idle"
-    );
-    skipped.unwrap()
-}
-
 /// The caller gives up (and frees its strings) while the thread is still
 /// reading them: only the anchor keeps them alive until the task ends.
 /// A task no thread had taken when its caller gave up is not run (on a
@@ -398,11 +382,11 @@ fn strings_stay_while_the_thread_reads_them() {
     let (mut ran, mut tried) = (0, 0);
     while ran < 3 {
         assert!(tried < 50, "only {ran} of {tried} tasks ran");
-        let before = skipped_once_idle(&n);
+        let before = skipped_once_idle(&n, "/idle");
         let r = n.get(&format!("/give_up?i={tried}"));
         assert_eq!(r.text(), "timeout\n", "{}", n.error_log());
         tried += 1;
-        if skipped_once_idle(&n) == before {
+        if skipped_once_idle(&n, "/idle") == before {
             ran += 1;
         }
     }
@@ -441,7 +425,7 @@ fn strings_of_callers_gone_are_let_go_of_without_another_push() {
     // the batch done (its first task run, or on a busy machine taken only
     // after the caller gave up and skipped with the others), and the pool
     // thread idle long enough to give its memory back
-    skipped_once_idle(&n);
+    skipped_once_idle(&n, "/idle");
     std::thread::sleep(Duration::from_millis(1500));
     let worker = n.workers()[0];
     let held = common::rss_kib(worker);

@@ -3,7 +3,7 @@
 //! its caller's timeout, and the abort scenarios under valgrind. The C fixture (tests/fixtures/native_handler.c) and the Rust
 //! one answer the ops used here alike: "spin", "sleep", "error", "big".
 
-use super::{eventually, repo, Nginx};
+use super::{eventually, repo, skipped_once_idle, Nginx};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -87,23 +87,6 @@ pub const SPIN_SERVER: &str = r#"
         }
     }"#;
 
-/// The tasks of `pool` skipped so far, once none is queued or running.
-fn skipped_once_idle(ngx: &Nginx, pool: &str) -> u64 {
-    let mut skipped = None;
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            let r = ngx.get(&format!("/idle?pool={pool}")).text();
-            skipped = match r.split_once(' ') {
-                Some(("0", s)) => s.parse().ok(),
-                _ => None,
-            };
-            skipped.is_some()
-        }),
-        "pool {pool} never went idle"
-    );
-    skipped.unwrap()
-}
-
 /// The handler of `pool` spins until `cancelled()`; its caller's timeout
 /// is 50 ms. Both sides read CLOCK_MONOTONIC: the caller when its
 /// push_task returned (the timeout set the flag before that), the handler
@@ -116,14 +99,15 @@ fn skipped_once_idle(ngx: &Nginx, pool: &str) -> u64 {
 /// the pool's count of cancelled tasks must show). How soon the flag is
 /// seen is printed, not judged (`make bench` measures it).
 pub fn assert_spinning_handler_sees_timeout(ngx: &Nginx, pool: &str) {
+    let idle = format!("/idle?pool={pool}");
     let mut ran = 0;
     for _ in 0..50 {
-        let skipped = skipped_once_idle(ngx, pool);
+        let skipped = skipped_once_idle(ngx, &idle);
         let body = ngx.get(&format!("/spin?pool={pool}")).text();
         let parts: Vec<&str> = body.split(' ').collect();
         assert_eq!(parts[0], "timeout", "{body}");
         let (t0, t1): (i64, i64) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
-        if skipped_once_idle(ngx, pool) > skipped {
+        if skipped_once_idle(ngx, &idle) > skipped {
             continue;
         }
         let seen = ngx
