@@ -37,8 +37,8 @@ done
 echo "test-stress: $runs runs of make test beside 2 busy processes (pids ${hogs[*]})"
 
 # The failing tests of one run's output: "BINARY: TEST" for cargo's
-# failures, "soak: ..." for the soak's, "make: ..." when make failed
-# before or beside them.
+# failures, "soak: REASON" for the soak's, "soak-test: TEST" for its own
+# tests', "make: ..." when make failed before or beside them.
 failures() {
 	awk '
 		/^ *Running / { bin = ($2 == "unittests") ? $3 : $2; in_bin = 0 }
@@ -49,7 +49,14 @@ failures() {
 		}
 		# a test binary that died without a verdict per test
 		/^error: test failed/ && !in_bin { print bin ": " $0; n++ }
-		/FAIL: / { line = $0; sub(/^.*FAIL: /, "", line); print "soak: " line; n++ }
+		# the soak: a failure as it happens; at the end, a FAIL line naming
+		# the report, then every reason, indented
+		/^\[soak [0-9:]+\] FAIL: .*SOAK\.md$/ { soak = 1; n++; next }
+		soak && /^\[soak [0-9:]+\]   / { line = $0; sub(/^\[soak [0-9:]+\] +/, "", line); print "soak: " line; next }
+		{ soak = 0 }
+		/^\[soak [0-9:]+\] FAIL: / { line = $0; sub(/^[^]]*\] FAIL: /, "", line); print "soak: " line; n++ }
+		# the tests of the soak itself (make soak-test)
+		/^FAIL: / { print "soak-test: " substr($0, 7); n++ }
 		/^make(\[[0-9]+\])?: \*\*\* / { last = $0 }
 		END { if (!n && last) print last }
 	' "$1"
