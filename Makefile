@@ -20,7 +20,7 @@ RUN_DIR := $(CURDIR)/target/run
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test test-trixie test-static test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test test-stress test-trixie test-static test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -40,6 +40,14 @@ test: build
 	cargo test --release -- --test-threads=2
 	cargo test --release -p ngx_threadpool_handler -p waf-rust
 	@$(MAKE) --no-print-directory soak-test soak-short
+
+# make test N times (5 by default) while two CPU-bound processes, started
+# and stopped with it, keep the cores busy: the suite's verdicts must not
+# depend on the machine's load. Fails on any red run, naming its failing
+# tests; each run's output in target/stress/run-K.log (tests/stress.sh).
+N ?= 5
+test-stress: build
+	@MAKE="$(MAKE)" bash tests/stress.sh $(N)
 
 # The same suite on the two other targets of the README's support table,
 # each kept under /var/cache/ngx-threadpool and reused by the next run

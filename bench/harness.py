@@ -79,6 +79,22 @@ def thread_cpu_us(pid, tid):
     return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
 
 
+def thread_writes(pid, comm):
+    """Write system calls made so far by pid's threads named comm (their
+    /proc io counters)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        task = Path(f"/proc/{pid}/task/{tid}")
+        try:
+            if (task / "comm").read_text().strip() != comm:
+                continue
+            io = (task / "io").read_text()
+        except OSError:
+            continue
+        total += int(next(l.split()[1] for l in io.splitlines() if l.startswith("syscw:")))
+    return total
+
+
 def pool_threads_cpu_us(pid):
     """CPU time of pid's threads but the main one (the event loop), in µs."""
     return sum(thread_cpu_us(pid, tid) for tid in os.listdir(f"/proc/{pid}/task")
@@ -99,6 +115,7 @@ def others_cpu_s(pid):
 POOL_HANDLERS = {
     "waf_lua": "thread_pool_process_by_lua_file waf_lua {repo}/nginx-conf/waf.lua;",
     "waf_rust": f"thread_pool_process_by_rust waf_rust {WAF_RUST_LIB} {WAF_RULES};",
+    "mech": "thread_pool_process_by_lua mech \"return require('bench_mech').task\";",
     rust_pool.POOL: rust_pool.DIRECTIVE,
 }
 # The pools of POOL_HANDLERS whose handler is a library: the library, and

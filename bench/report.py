@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ beside the sources
 from cells import THROUGHPUT_C, VARIANTS, WAF_VARIANTS  # noqa: E402
-from figures import (LABEL, WAF_LABEL, f_num, f_ratio, mark, ratio,  # noqa: E402
-                     table, waf_stats, wrk_agg)
+from figures import (LABEL, WAF_LABEL, f_num, f_ratio, mark, median,  # noqa: E402
+                     ratio, table, waf_stats, wrk_agg)
 from plots import PLOTS, plots  # noqa: E402
 from report_handoff import md_handoff  # noqa: E402
 
@@ -283,6 +283,54 @@ def md_waf(res, targets):
     return "\n".join(out)
 
 
+def md_mechanisms(res, targets):
+    m = res.get("mechanisms")
+    if not m:
+        return "Not run.\n"
+    n = m["tasks"]
+    out = [f"A caller pushing {n:,} trivial tasks one after another to a pool of one "
+           "thread (after 100 to warm up), per run: the event loop's sleeps (voluntary "
+           "context switches of its thread: waits in epoll_wait) and the pool thread's "
+           "write system calls (the eventfd). The event loop polls for a completion "
+           "before it sleeps, and the pool thread writes the eventfd only while the "
+           "event loop sleeps (src/ngx/notify.rs): without them both are one per "
+           "task. The poll stops while completions come late, as on a busy machine "
+           "(the cores other processes took are given), so these figures are "
+           "`make bench`'s, not a test's.\n"]
+    rows = [(i + 1, r["sleeps"], f"{r['sleeps'] / n:.3f}", r["writes"],
+             f"{r['writes'] / n:.3f}", f_num(r.get("others_cores")))
+            for i, r in enumerate(m["poll"])]
+    out.append(table(["run", "event-loop sleeps", "per task", "pool-thread writes",
+                      "per task", "others' cores"], rows))
+    sleeps = median(r["sleeps"] / n for r in m["poll"])
+    writes = median(r["writes"] / n for r in m["poll"])
+    targets.append(("sequential push_task: event-loop sleeps per task under 0.9 "
+                    "(the poll takes the completions)", f"{sleeps:.3f} (median of runs)",
+                    sleeps < 0.9))
+    targets.append(("sequential push_task: pool-thread eventfd writes per task under 0.5",
+                    f"{writes:.3f} (median of runs)", writes < 0.5))
+    c = m["cancel"]
+    late = sorted(c["late_us"] or [])
+    mid = median(late)
+    out.append(f"A handler spinning on `cancelled()` while its caller's 20 ms timeout "
+               f"runs out, {c['trials']} trials: it saw the flag {f_num(mid)} µs after "
+               f"the caller's timeout returned in the median, "
+               f"{f_num(late[0] if late else None)}–{f_num(late[-1] if late else None)} µs; "
+               f"{c['missed']} tasks not run (taken after the timeout) or never seen "
+               "(negative: seen before the caller's call returned, the flag being set "
+               "just before). "
+               "The tests check only that no look after the timeout misses the flag.\n")
+    targets.append(("cancelled() seen within 1 ms of the caller's timeout (median)",
+                    f"{f_num(mid)} µs", None if mid is None else mid < 1000))
+    cost = m["cost"]
+    out.append(f"`cancelled()` in a JIT-compiled loop of 10,000,000 calls in a pool "
+               f"thread: {f_num(cost['ns'])} ns of the thread's CPU per call, loop "
+               f"included ({cost['seen']} saw the flag set).\n")
+    targets.append(("cancelled() under 50 ns per call (thread CPU)",
+                    f"{f_num(cost['ns'])} ns", cost["ns"] < 50))
+    return "\n".join(out)
+
+
 def md_problems(res):
     """Everything that went wrong: failed sections, crashed workers and
     the error.log lines, grouped."""
@@ -290,13 +338,13 @@ def md_problems(res):
     for s, f in res.get("failures", {}).items():
         out.append(f"- Section **{s}** failed: `{f['error']}`")
         out += [f"  - `{line[:300]}`" for line in f["log"][-10:]]
-    for s in ("handoff", "hol", "throughput", "waf"):
+    for s in ("handoff", "hol", "throughput", "waf", "mechanisms"):
         sec = res.get(s)
         if sec and not sec.get("alive", True):
             out.append(f"- Section **{s}**: the worker process died during the run "
                        "(see the log lines below)")
     logs = {}
-    for s in ("handoff", "hol", "throughput", "waf"):
+    for s in ("handoff", "hol", "throughput", "waf", "mechanisms"):
         if res.get(s):
             logs[s] = res[s].get("log", [])
     for name, lines in res.get("memory", {}).get("log", {}).items():
@@ -349,6 +397,7 @@ def render(res, out_dir):
         "throughput": md_throughput(res, targets),
         "memory": md_memory(res, targets),
         "waf": md_waf(res, targets),
+        "mechanisms": md_mechanisms(res, targets),
     }
     plots(res, out_dir)
     images = [p for p in PLOTS if (out_dir / p).exists()]
@@ -369,6 +418,7 @@ def render(res, out_dir):
         "## CPU throughput (sort)\n", body["throughput"],
         "## Memory\n", body["memory"],
         "## WAF: Lua + PCRE against Rust's regex\n", body["waf"],
+        "## Mechanisms: the event loop's poll, cancellation\n", body["mechanisms"],
         "## Errors, crashes and log lines\n", md_problems(res),
         *md_other_release(out_dir),
         "## Plots\n",

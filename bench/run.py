@@ -2,7 +2,7 @@
 """make bench: push_task against inline Lua and ngx.run_worker_thread.
 
 Starts Debian's nginx with bench/nginx.conf.tmpl (one worker, loopback
-only), runs five sections and writes bench/REPORT.md and bench/*.png
+only), runs seven sections and writes bench/REPORT.md and bench/*.png
 (through report.py); raw results go to bench/out/results.json.
 
   handoff     round trips of a trivial task, measured inside nginx, with
@@ -13,6 +13,10 @@ only), runs five sections and writes bench/REPORT.md and bench/*.png
   memory      worker RSS by pool threads, idle and after many tasks
   waf         CPU per request of the WAF: Lua + PCRE (inline, in a pool)
               against the Rust WAF on the regex crate (in a pool)
+  mechanisms  what the tests check only as behaviour: the event loop's
+              poll for completions (its sleeps and the pool thread's
+              eventfd writes per task) and how soon a handler sees
+              cancelled(), and at what cost
 
 Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
 ~1 minute smoke version; the full run takes ~15 minutes.
@@ -37,14 +41,16 @@ from cells import (HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS,  # noq
                    SMALL_PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS)
 from harness import (BENCH, OUT, REPO, WRK, Nginx, kib, log,  # noqa: E402
                      others_cpu_s, pool_threads_cpu_us, rss_kib, start_native,
-                     WRK_SCRIPT, thread_count, thread_cpu_us, wrk_run, wrk_start,
-                     wrk_wait)
+                     WRK_SCRIPT, thread_count, thread_cpu_us, thread_writes, wrk_run,
+                     wrk_start, wrk_wait)
 
 WAF_FILES = (REPO / "nginx-conf/waf.lua", REPO / "nginx-conf/waf_rules.lua")
 WRK_WAF_SCRIPT = BENCH / "wrk_waf.lua"
 
 MEMORY_THREADS = (0, 1, 4, 16)
-SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf")
+SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf", "mechanisms")
+# The mechanisms section's sequential caller: tasks per run.
+MECH_TASKS = 2000
 WAF_C = 8
 # The WAF cell's requests, sent in turn: (method, path and query, headers,
 # body); benign and malicious as in the test corpus (tests/waf_corpus/).
@@ -80,10 +86,12 @@ WAF_QUERY = ("user=alice&q=select+name+from+users+where+id%3D1&page=2"
 PLANS = {
     "full": dict(handoff_rounds=5, handoff_ms=1000, warmup_ms=300,
                  hol_rounds=2, hol_secs=5, tput_rounds=2, tput_secs=5,
-                 mem_tasks=100000, waf_rounds=3, waf_secs=5),
+                 mem_tasks=100000, waf_rounds=3, waf_secs=5,
+                 mech_rounds=3, mech_trials=20),
     "quick": dict(handoff_rounds=1, handoff_ms=200, warmup_ms=100,
                   hol_rounds=1, hol_secs=1, tput_rounds=1, tput_secs=2,
-                  mem_tasks=20000, waf_rounds=1, waf_secs=1),
+                  mem_tasks=20000, waf_rounds=1, waf_secs=1,
+                  mech_rounds=1, mech_trials=5),
 }
 
 
@@ -397,6 +405,25 @@ def section_waf(plan, res):
                       log=[line for ng in set(ngs.values()) for line in ng.problems()])
 
 
+def section_mechanisms(plan, res):
+    """The event loop's poll for completions (src/ngx/notify.rs) and
+    cooperative cancellation (tests/cancel.rs), on a pool of one thread:
+    figures that depend on the machine's load, so no test asserts them."""
+    with Nginx("mechanisms", tp_threads=1, rwt_threads=0, pools=("mech",)) as ng:
+        poll = []
+        for _ in range(plan["mech_rounds"]):
+            before = thread_writes(ng.worker, "tp mech")
+            others0, t0 = others_cpu_s(ng.worker), time.monotonic()
+            r = ng.get_json(f"/mech/poll?n={MECH_TASKS}", timeout=120)
+            r["writes"] = thread_writes(ng.worker, "tp mech") - before
+            r["others_cores"] = (others_cpu_s(ng.worker) - others0) / (time.monotonic() - t0)
+            poll.append(r)
+        cancel = ng.get_json(f"/mech/cancel?trials={plan['mech_trials']}", timeout=600)
+        cost = ng.get_json("/mech/cost?n=10000000", timeout=120)
+        res["mechanisms"] = dict(tasks=MECH_TASKS, poll=poll, cancel=cancel, cost=cost,
+                                 alive=ng.alive(), log=ng.problems())
+
+
 def machine():
     return dict(procs.machine(procs.NGINX, rustc=["rustc", "--version"], wrk=[WRK, "-v"]),
                 mem_total_kib=kib("/proc/meminfo", "MemTotal"))
@@ -439,7 +466,8 @@ def main():
                  policy=lambda: section_policy(plan, res),
                  throughput=lambda: section_throughput(plan, res),
                  memory=lambda: section_memory(plan, res),
-                 waf=lambda: section_waf(plan, res))
+                 waf=lambda: section_waf(plan, res),
+                 mechanisms=lambda: section_mechanisms(plan, res))
     failed = False
     for s in sections:
         log(f"section {s}")

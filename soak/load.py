@@ -92,7 +92,11 @@ KINDS = [
 # Sent by their own loops, not the mixed clients.
 STATIC = Kind("static", "GET /static on a kept-alive connection", {"ok", "ok-retried"}, 0,
               optional={"ok-retried"})
-METRICS = Kind("metrics", "thread_pool_status, parsed by prometheus_client", {"ok"}, 0)
+METRICS = Kind("metrics", "thread_pool_status, parsed by prometheus_client (during a reload, "
+               "without a new worker that has not started yet)", {"ok", "ok-reloading"}, 0,
+               optional={"ok-reloading"})
+# The start of soak.metrics_check's error for workers with no counters yet.
+NOT_STARTED = "no counters yet for worker"
 ALL_KINDS = KINDS + [STATIC, METRICS]
 # Faults to show that the soak fails when it should (soak.py --inject
 # NAME): each breaks one thing the soak checks.
@@ -360,6 +364,10 @@ class Load:
         self.static_every = static_every
         self.running = threading.Event()
         self.running.set()
+        # moved on by the soak as a reload begins (odd: before its HUP) and
+        # as it ends (even: once every new worker counts in
+        # thread_pool_status)
+        self.reload_phase = 0
         self.stop_now = threading.Event()
         self.lock = threading.Lock()
         self.in_flight = 0
@@ -472,11 +480,16 @@ class Load:
 
     def _metrics(self):
         def scrape():
+            phase = self.reload_phase
             status, body = request(self.port, "/metrics")
             if status != 200:
                 return outcome_of(status, body)
             if self.metrics_check:
                 err, parsed = self.metrics_check(body.decode("utf-8", "replace"))
+                # a reload was under way at some time of the scrape
+                reloading = phase % 2 or phase != self.reload_phase
+                if err and err.startswith(NOT_STARTED) and reloading:
+                    return "ok-reloading", err
                 if err:
                     return "unparsable", err
                 self.metrics_by_minute[self.tally.minute(time.monotonic())] = parsed

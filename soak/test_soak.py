@@ -262,9 +262,16 @@ class MetricsTests(unittest.TestCase):
         self.assertEqual(summary["tasks_pushed_total"], 3 * len(soak.POOLS) * soak.WORKERS)
 
     def test_a_pool_missing(self):
-        rows = 'ngx_threadpool_tasks_pushed_total{pool="work",worker="0"} 3'
+        rows = "\n".join(f'ngx_threadpool_tasks_pushed_total{{pool="{p}",worker="{w}"}} 3'
+                         for p in soak.POOLS for w in range(soak.WORKERS) if (p, w) != ("work", 1))
         err, _ = soak.metrics_check(METRICS.format(pushed=rows))
-        self.assertIn("no tasks_pushed_total for work/1", err)
+        self.assertEqual(err, "no tasks_pushed_total for work/1")
+
+    def test_a_worker_not_started(self):
+        rows = "\n".join(f'ngx_threadpool_tasks_pushed_total{{pool="{p}",worker="0"}} 3'
+                         for p in soak.POOLS)
+        err, _ = soak.metrics_check(METRICS.format(pushed=rows))
+        self.assertEqual(err, f"{load.NOT_STARTED} 1")
 
 
     def test_counters_that_never_moved(self):

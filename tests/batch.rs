@@ -8,6 +8,7 @@ mod common;
 use common::*;
 
 const HTTP: &str = r#"
+    lua_shared_dict who 1m;
     thread_pool_process_by_lua_block work {
         local ffi = require "ffi"
         ffi.cdef "int usleep(unsigned int usec);"
@@ -15,7 +16,16 @@ const HTTP: &str = r#"
         local me = (tostring({}):gsub("%W", ""))
         return function(op, x)
             if op == "err" then error("boom " .. tostring(x), 0) end
-            if op == "who" then ffi.C.usleep(x * 1e6) return me end
+            if op == "who" then
+                -- until both threads run a task (10 s at most)
+                local seen = ngx.shared.who
+                seen:set(me, true)
+                for _ = 1, 2000 do
+                    if #seen:get_keys() >= 2 then break end
+                    ffi.C.usleep(5000)
+                end
+                return me
+            end
             if op == "multi" then return 1, nil, 3 end
             if op == "sleep" then ffi.C.usleep(x * 1e6) return "slept" end
             if op == "square" then return x * x end
@@ -65,7 +75,8 @@ const HTTP: &str = r#"
         location /stats {
             content_by_lua_block {
                 local s = require("resty.threadpool")[ngx.var.arg_pool]:stats()
-                ngx.print(s.pushed, " ", s.rejected, " ", s.timed_out, " ", s.completed)
+                ngx.print(s.pushed, " ", s.rejected, " ", s.timed_out, " ", s.completed, " ",
+                          s.cancelled)
             }
         }
         location /phase {
@@ -131,7 +142,7 @@ fn nothing_queued_on_a_full_queue_or_a_bad_value() {
         run(&ngx, r#"{ {"a"}, {"b"}, {"c"} }"#, "&pool=small"),
         "nil queue full"
     );
-    assert_eq!(ngx.get("/stats?pool=small").text(), "0 3 0 0");
+    assert_eq!(ngx.get("/stats?pool=small").text(), "0 3 0 0 0");
     assert_eq!(
         run(&ngx, r#"{ {"a"}, {"b"} }"#, "&pool=small"),
         "2 {true,a} {true,b}"
@@ -144,14 +155,15 @@ fn nothing_queued_on_a_full_queue_or_a_bad_value() {
         run(&ngx, r#"{ {"a"}, "b" }"#, ""),
         "nil task 2: expected a table of arguments"
     );
-    assert_eq!(ngx.get("/stats?pool=work").text(), "0 0 0 0");
+    assert_eq!(ngx.get("/stats?pool=work").text(), "0 0 0 0 0");
     ngx.assert_clean_log();
 }
 
 #[test]
 fn a_timeout_lets_go_of_the_whole_batch() {
     let ngx = start();
-    // both threads sleep; "b" waits in the queue
+    // both threads sleep (or, on a busy machine, one does and the other
+    // has not claimed a task yet); "b" waits in the queue
     assert_eq!(
         run(
             &ngx,
@@ -160,20 +172,32 @@ fn a_timeout_lets_go_of_the_whole_batch() {
         ),
         "nil timeout"
     );
-    // the pool keeps working, the late results are dropped, and the task
-    // no thread had started when the caller gave up is not run
+    // the pool keeps working, the late results are dropped, and the tasks
+    // no thread had started when the caller gave up are not run ("b" at
+    // least)
     assert_eq!(run(&ngx, r#"{ {"c"} }"#, ""), "1 {true,c}");
-    // pushed, rejected, timed out, completed, once the sleeps are done
-    let stats = || ngx.get("/stats?pool=work").text();
+    // pushed, rejected, timed out, completed, skipped, once the sleeps are
+    // done: every task either completed or was skipped
+    let stats = || {
+        let text = ngx.get("/stats?pool=work").text();
+        let v: Vec<u64> = text.split(' ').map(|w| w.parse().unwrap()).collect();
+        (text, v)
+    };
+    let mut last = (String::new(), Vec::new());
     assert!(
-        eventually(std::time::Duration::from_secs(5), || stats() == "4 0 1 3"),
+        eventually(std::time::Duration::from_secs(10), || {
+            last = stats();
+            last.1[..3] == [4, 0, 1] && last.1[3] + last.1[4] == 4
+        }),
         "{}",
-        stats()
+        last.0
     );
+    let skipped = last.1[4];
+    assert!(skipped >= 1, "{}", last.0);
     let debug = std::fs::read_to_string(ngx.dir.join("logs/debug.log")).unwrap();
     assert_eq!(
-        debug.matches("skipped: its caller gave up").count(),
-        1,
+        debug.matches("skipped: its caller gave up").count() as u64,
+        skipped,
         "{debug}"
     );
     ngx.assert_clean_log();
@@ -196,11 +220,14 @@ fn only_where_a_coroutine_may_yield() {
 
 /// The tasks of a batch of slow ones spread over the pool's threads: a
 /// thread claims a share of those left, down to one (work.rs), so the
-/// other thread takes its share while the first one runs.
+/// other thread takes its share while the first one runs. Each task waits
+/// until both threads run one, so a thread the scheduler of a busy
+/// machine wakes late still finds tasks left (which of them runs the
+/// rest is the scheduler's choice).
 #[test]
 fn a_batch_of_slow_tasks_spreads_over_the_threads() {
     let ngx = start();
-    let list = (0..8).map(|_| r#"{"who", 0.05}"#).collect::<Vec<_>>();
+    let list = (0..8).map(|_| r#"{"who"}"#).collect::<Vec<_>>();
     let out = run(&ngx, &format!("{{ {} }}", list.join(", ")), "");
     let (n, results) = out.split_once(' ').expect("a count and results");
     assert_eq!(n, "8", "{out}");
@@ -208,7 +235,7 @@ fn a_batch_of_slow_tasks_spreads_over_the_threads() {
     for r in results.split(' ') {
         *by_thread.entry(r).or_insert(0) += 1;
     }
+    // both threads ran tasks of the batch
     assert_eq!(by_thread.len(), 2, "{out}");
-    assert!(by_thread.values().all(|&k| k >= 2), "{out}");
     ngx.assert_clean_log();
 }

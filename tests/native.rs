@@ -325,9 +325,10 @@ fn reload_loads_a_library_renamed_over_the_old_one() {
     ngx.assert_clean_log();
 }
 
-/// The fixture spins until `cancelled()` (see `best_cancel_lateness`).
+/// The fixture spins until `cancelled()` (see
+/// `assert_spinning_handler_sees_timeout`).
 #[test]
-fn a_spinning_handler_sees_its_callers_timeout_within_1ms() {
+fn a_spinning_handler_sees_its_callers_timeout() {
     let libs = Libs::new();
     let lib = libs.build("spin", &[]);
     let http = format!(
@@ -335,12 +336,7 @@ fn a_spinning_handler_sees_its_callers_timeout_within_1ms() {
         lib.display()
     );
     let ngx = Nginx::start("thread_pool c threads=1;", &http);
-    let best = best_cancel_lateness(&ngx, "c");
-    assert!(
-        best < 1_000_000,
-        "seen {} µs after the timeout at best",
-        best / 1000
-    );
+    assert_spinning_handler_sees_timeout(&ngx, "c");
     ngx.assert_clean_log();
 }
 
@@ -357,7 +353,11 @@ fn a_worker_quits_while_a_native_task_runs() {
     let port = ngx.port;
     let caller =
         std::thread::spawn(move || request(port, "GET", "/call?cmd=sleep", &[], b"").text());
-    std::thread::sleep(Duration::from_millis(100));
+    // the task is pushed (its 300 ms run may be over on a busy machine)
+    assert!(eventually(Duration::from_secs(10), || ngx
+        .get("/stats")
+        .text()
+        .starts_with("1 ")));
     ngx.signal("QUIT");
     assert!(ngx.wait_exit(Duration::from_secs(10)), "nginx did not quit");
     assert_eq!(caller.join().unwrap(), "slept|nil");

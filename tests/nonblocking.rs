@@ -1,19 +1,31 @@
 //! The point of the module: a pool task burning CPU does not block the
-//! event loop. This is the one timing assertion of the test suite.
+//! event loop. The task burns until the test has been served, so the
+//! verdict (every static request answered while the task still runs)
+//! holds however busy the machine; how fast they are answered is a figure
+//! of `make bench` (head of line).
 
 mod common;
 
 use common::Nginx;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Marks its start and end with files in `dir`, burning 1 s of CPU between.
+/// Marks its start and end with files in `dir`, burning CPU between until
+/// the file `stop` appears there (or 60 s of CPU have passed, should the
+/// test never write it).
 const BURN: &str = r#"
 return function(dir)
     assert(io.open(dir .. "/started", "w")):close()
     local t0 = os.clock()
     local spins = 0
-    while os.clock() - t0 < 1 do
+    while os.clock() - t0 < 60 do
         spins = spins + 1
+        if spins % 100000 == 0 then
+            local stop = io.open(dir .. "/stop")
+            if stop then
+                stop:close()
+                break
+            end
+        end
     end
     assert(io.open(dir .. "/finished", "w")):close()
     return spins
@@ -51,23 +63,26 @@ fn static_requests_are_served_while_a_task_burns_cpu() {
         common::eventually(Duration::from_secs(10), || gate.join("started").exists()),
         "the task never started"
     );
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        let t0 = Instant::now();
-        let r = n.get("/static/hello.txt");
-        times.push(t0.elapsed());
+    // An event loop running the task would answer none of these before it
+    // ends, and it ends only once they are answered: the read timeout is
+    // the verdict's only clock, as a bound against hanging.
+    for i in 0..5 {
+        let r = common::try_request(
+            port,
+            "GET",
+            "/static/hello.txt",
+            &[],
+            b"",
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("static request {i} not answered while the task runs: {e}"));
         assert_eq!((r.status, r.text().as_str()), (200, "hello\n"));
     }
     assert!(
         !gate.join("finished").exists(),
-        "the task must still be running after the static requests ({times:?})"
+        "the task must still be running after the static requests"
     );
-    for t in &times {
-        assert!(
-            *t < Duration::from_millis(100),
-            "a static request took {t:?} ({times:?})"
-        );
-    }
+    std::fs::write(gate.join("stop"), b"").unwrap();
 
     let r = burner.join().unwrap();
     assert_eq!(r.status, 200);

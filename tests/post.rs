@@ -78,7 +78,20 @@ fn posted_from_every_phase_and_failures_logged_once_a_second() {
         .lines()
         .filter(|l| l.contains("[warn]") && l.contains("posted task failed"))
         .collect();
-    assert_eq!(lines.len(), 1, "{log}");
-    assert!(lines[0].contains("posted boom"), "{}", lines[0]);
+    // The five failures come one after another: one line, unless the
+    // scheduler of a busy machine spread them over more than a second;
+    // lines at least a second apart (their times, in whole seconds, are
+    // then at least as many seconds apart as lines follow the first).
+    assert!(!lines.is_empty(), "{log}");
+    assert!(lines.iter().all(|l| l.contains("posted boom")), "{log}");
+    let span = seconds(lines[lines.len() - 1]) - seconds(lines[0]);
+    assert!(lines.len() as i64 - 1 <= span, "{log}");
     ngx.assert_clean_log();
+}
+
+/// The time of an error.log line ("2026/11/27 12:00:00 [warn] ..."), in
+/// seconds since the start of its month.
+fn seconds(line: &str) -> i64 {
+    let field = |at: std::ops::Range<usize>| -> i64 { line[at].parse().unwrap() };
+    ((field(8..10) * 24 + field(11..13)) * 60 + field(14..16)) * 60 + field(17..19)
 }

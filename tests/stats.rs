@@ -1,7 +1,8 @@
 //! `tp.NAME:stats()`: this worker's counters and timings of a pool, after
 //! a known mix of tasks: returned, failed, refused (queue full), timed
 //! out and abandoned by their request; the wait of a batch's task counts
-//! the tasks before it.
+//! the tasks before it. The timings are checked by what holds on a busy
+//! machine: a task that sleeps 0.2 s ran (or waited) at least that long.
 
 mod common;
 
@@ -39,7 +40,11 @@ const HTTP: &str = r#"
             content_by_lua_block {
                 local tp = require "resty.threadpool"
                 local a = ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.3) end)
-                ngx.sleep(0.05)
+                -- the thread takes a: the queue's one slot is free
+                for _ = 1, 10000 do
+                    if tp.st:stats().busy > 0 then break end
+                    ngx.sleep(0.001)
+                end
                 local b = ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.01) end)
                 local _, err = tp.st:push_task("ok")
                 ngx.thread.wait(a)
@@ -60,6 +65,12 @@ const HTTP: &str = r#"
                 ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.2) end)
                 ngx.sleep(0.01)
                 ngx.exit(200)
+            }
+        }
+        location /idle {
+            content_by_lua_block {
+                local s = require("resty.threadpool").st:stats()
+                ngx.print(s.busy + s.queued == 0)
             }
         }
         location /json {
@@ -83,22 +94,44 @@ const HTTP: &str = r#"
                 local out = {}
                 for _, k in ipairs({ "threads", "busy", "queued", "in_flight", "pushed",
                                      "completed", "errors", "rejected", "timed_out",
-                                     "abandoned" }) do
+                                     "abandoned", "cancelled" }) do
                     out[#out + 1] = k .. "=" .. s[k]
                 end
                 for _, h in ipairs({ "wait", "run" }) do
                     out[#out + 1] = h .. ".count=" .. s[h].count
-                    local le1 = 0 -- cumulative, up to 1 s
-                    for i = 1, 6 do le1 = le1 + s[h].buckets[i].count end
-                    out[#out + 1] = h .. ".le1=" .. le1
-                    out[#out + 1] = h .. ".in(0.1,1]=" .. s[h].buckets[6].count
-                    out[#out + 1] = h .. ".sum>0=" .. tostring(s[h].sum > 0)
+                    local le = 0 -- up to 0.1 s (the fifth bucket's bound)
+                    for i = 1, 5 do le = le + s[h].buckets[i].count end
+                    out[#out + 1] = h .. ".le0.1=" .. le
+                    out[#out + 1] = h .. ".gt0.1=" .. s[h].count - le
+                    out[#out + 1] = h .. ".sum=" .. s[h].sum
                 end
                 ngx.print(table.concat(out, " "))
             }
         }
     }
 "#;
+
+/// The fields of /stats by name.
+fn stats(ngx: &Nginx) -> std::collections::HashMap<String, f64> {
+    ngx.get("/stats")
+        .text()
+        .split(' ')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Waits until no task of the pool is queued or running.
+fn idle(ngx: &Nginx) {
+    assert!(
+        eventually(Duration::from_secs(30), || ngx.get("/idle").text()
+            == "true"),
+        "{}",
+        ngx.get("/stats").text()
+    );
+}
 
 #[test]
 fn counters_after_a_known_workload() {
@@ -110,19 +143,42 @@ fn counters_after_a_known_workload() {
         assert_eq!(ngx.get("/run?op=err").text(), "nil");
     }
     assert_eq!(ngx.get("/timeout").text(), "timeout");
-    // the timed-out task still holds the thread for a while
-    std::thread::sleep(Duration::from_millis(400));
+    // the timed-out task may still hold the thread
+    idle(&ngx);
     assert_eq!(ngx.get("/reject").text(), "queue full");
     assert_eq!(ngx.get("/abandon").status, 200);
-    // Every task has finished once a task queued behind them has.
-    std::thread::sleep(Duration::from_millis(400));
+    idle(&ngx);
     assert_eq!(ngx.get("/run?op=ok").text(), "ok");
-    assert_eq!(
-        ngx.get("/stats").text(),
-        "threads=1 busy=0 queued=0 in_flight=0 pushed=12 completed=10 errors=2 \
-         rejected=1 timed_out=1 abandoned=1 wait.count=12 wait.le1=12 \
-         wait.in(0.1,1]=1 wait.sum>0=true run.count=12 run.le1=12 run.in(0.1,1]=3 run.sum>0=true"
-    );
+    let s = stats(&ngx);
+    let at = |k: &str| s[k];
+    // The timed-out task and the abandoned one run, or are skipped if the
+    // thread took them only after their caller gave up (cancelled): on a
+    // busy machine either may be.
+    let skipped = at("cancelled");
+    assert!(skipped <= 2.0, "{s:?}");
+    for (k, want) in [
+        ("threads", 1.0),
+        ("busy", 0.0),
+        ("queued", 0.0),
+        ("in_flight", 0.0),
+        ("pushed", 12.0),
+        ("completed", 10.0 - skipped),
+        ("errors", 2.0),
+        ("rejected", 1.0),
+        ("timed_out", 1.0),
+        ("abandoned", 1.0),
+        ("wait.count", 12.0 - skipped),
+        ("run.count", 12.0 - skipped),
+    ] {
+        assert_eq!(at(k), want, "{k}: {s:?}");
+    }
+    // Three sleepers of 0.2-0.3 s (one of the 0.3 s ones always runs),
+    // less those skipped, ran past 0.1 s; seven tasks return at once, and
+    // one of them at least did not take 0.1 s.
+    assert!(at("run.gt0.1") >= 3.0 - skipped, "{s:?}");
+    assert!(at("run.le0.1") >= 1.0, "{s:?}");
+    assert!(at("run.sum") >= 0.3 + 0.01, "{s:?}");
+    assert!(at("wait.sum") > 0.0, "{s:?}");
     ngx.assert_clean_log();
 }
 
@@ -137,16 +193,17 @@ fn stats_encode_as_json() {
 }
 
 /// A thread that runs a batch's tasks in turn: the second waited for the
-/// first (0.2 s), and says so in `wait`.
+/// first (0.2 s, or more on a busy machine), and says so in `wait`.
 #[test]
 fn a_batch_task_waits_for_the_tasks_before_it() {
     let ngx = Nginx::start("thread_pool st threads=1;", HTTP);
     assert_eq!(ngx.get("/batch").text(), "ok");
-    let stats = ngx.get("/stats").text();
-    assert!(
-        stats.contains("wait.count=2 wait.le1=2 wait.in(0.1,1]=1 ")
-            && stats.contains("run.count=2 run.le1=2 run.in(0.1,1]=1 "),
-        "{stats}"
-    );
+    let s = stats(&ngx);
+    for (k, want) in [("wait.count", 2.0), ("run.count", 2.0)] {
+        assert_eq!(s[k], want, "{k}: {s:?}");
+    }
+    assert!(s["wait.gt0.1"] >= 1.0, "{s:?}");
+    assert!(s["wait.sum"] >= 0.2, "{s:?}");
+    assert!(s["run.gt0.1"] >= 1.0, "{s:?}");
     ngx.assert_clean_log();
 }

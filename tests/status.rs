@@ -14,11 +14,18 @@ const HTTP: &str = r#"
         end
     }
     thread_pool_process_by_lua quiet "return ...";
+    lua_shared_dict released 1m;
     thread_pool_process_by_lua_block one {
         local ffi = require "ffi"
         ffi.cdef "int usleep(unsigned int usec);"
-        return function(op, arg)
-            if op == "sleep" then ffi.C.usleep(arg * 1e6) end
+        return function(op, key)
+            if op == "hold" then
+                -- until the caller releases it (10 s at most)
+                for _ = 1, 2000 do
+                    if ngx.shared.released:get(key) then break end
+                    ffi.C.usleep(5000)
+                end
+            end
             return op
         end
     }
@@ -31,15 +38,28 @@ const HTTP: &str = r#"
                 ngx.print(ngx.worker.id(), " ", tostring(res))
             }
         }
-        # a timeout, then a refusal while the timed-out task holds the
-        # pool's one thread and another fills its queue of one
+        # While a task holds the pool's one thread: a task that times out
+        # in its queue of one, then a refusal, the timed-out task still
+        # filling the queue (the thread skips it once released).
         location /timeout_and_reject {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local _, terr = tp.one:push_task_timeout(0.05, "sleep", 0.3)
-                local queued = ngx.thread.spawn(function() return tp.one:push_task("ok") end)
+                local function wait_until(f)
+                    for _ = 1, 10000 do
+                        if f() then return end
+                        ngx.sleep(0.001)
+                    end
+                end
+                local function stats() return tp.one:stats() end
+                -- the last round's skipped task is gone
+                wait_until(function() return stats().busy + stats().queued == 0 end)
+                local key = "release" .. ngx.var.connection
+                local holder = ngx.thread.spawn(function() return tp.one:push_task("hold", key) end)
+                wait_until(function() return stats().busy > 0 end)
+                local _, terr = tp.one:push_task_timeout(0.05, "ok")
                 local _, rerr = tp.one:push_task("ok")
-                ngx.thread.wait(queued)
+                ngx.shared.released:set(key, true)
+                ngx.thread.wait(holder)
                 ngx.print(ngx.worker.id(), " ", terr, " ", rerr)
             }
         }
@@ -83,8 +103,22 @@ fn every_worker_and_pool_in_prometheus_text() {
         );
         rounds[w] += 1;
     }
-    // the timed-out tasks finish before the scrape
-    std::thread::sleep(std::time::Duration::from_millis(400));
+    // the threads skip the timed-out tasks before the scrape
+    let idle = |text: &str| {
+        let m = prometheus(text);
+        (0..2).all(|w| {
+            ["busy_threads", "queued_tasks"].iter().all(|name| {
+                m.get(&format!("ngx_threadpool_{name}{{pool=one,worker={w}}}")) == Some(&0.0)
+            })
+        })
+    };
+    assert!(
+        eventually(std::time::Duration::from_secs(30), || idle(
+            &ngx.get("/metrics").text()
+        )),
+        "{}",
+        ngx.get("/metrics").text()
+    );
     let resp = ngx.get("/metrics");
     assert_eq!(resp.status, 200);
     let text = resp.text();
@@ -142,14 +176,19 @@ fn every_worker_and_pool_in_prometheus_text() {
             get("ngx_threadpool_tasks_rejected_total", "one", w),
             Some(r)
         );
-        // per round: the sleeper and the queued task
+        // per round: the holder, which completes, and the timed-out task,
+        // which the thread skips
         assert_eq!(
             get("ngx_threadpool_tasks_pushed_total", "one", w),
             Some(2.0 * r)
         );
         assert_eq!(
             get("ngx_threadpool_tasks_completed_total", "one", w),
-            Some(2.0 * r)
+            Some(r)
+        );
+        assert_eq!(
+            get("ngx_threadpool_tasks_cancelled_total", "one", w),
+            Some(r)
         );
         assert_eq!(get("ngx_threadpool_queued_tasks", "one", w), Some(0.0));
         let inf = m.get(&format!(

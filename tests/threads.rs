@@ -66,14 +66,21 @@ fn pool_threads_block_async_signals_and_run_at_lower_priority() {
         server { listen 127.0.0.1:$PORT; location / { return 200; } }"#,
     );
     let worker = ngx.workers()[0];
-    // the threads name themselves once started
-    eventually(Duration::from_secs(5), || {
-        pool_threads(worker, "sig").len() == 2
+    let main = std::path::PathBuf::from(format!("/proc/{worker}/task/{worker}"));
+    let (hup, quit, usr1, term, chld, alrm, io) = (1, 3, 10, 15, 17, 14, 29);
+    // A thread has its name as it starts, and then blocks the signals and
+    // sets its nice: on a busy machine /proc may show it in between. Wait
+    // for both to be done (the assertions below say what is not).
+    let nice_want = (nice(&main) + 5).min(19);
+    eventually(Duration::from_secs(10), || {
+        let threads = pool_threads(worker, "sig");
+        threads.len() == 2
+            && threads
+                .iter()
+                .all(|t| mask(t, "SigBlk:") & bit(quit) != 0 && nice(t) == nice_want)
     });
     let threads = pool_threads(worker, "sig");
     assert_eq!(threads.len(), 2, "pool threads of worker {worker}");
-    let main = std::path::PathBuf::from(format!("/proc/{worker}/task/{worker}"));
-    let (hup, quit, usr1, term, chld, alrm, io) = (1, 3, 10, 15, 17, 14, 29);
     let (segv, bus, fpe, ill) = (11, 7, 8, 4);
     for t in &threads {
         let blocked = mask(t, "SigBlk:");
@@ -85,7 +92,7 @@ fn pool_threads_block_async_signals_and_run_at_lower_priority() {
             assert_eq!(blocked & bit(sig), 0, "signal {sig} blocked in {t:?}");
         }
         // (19 is the highest; the tests may themselves run under nice)
-        assert_eq!(nice(t), (nice(&main) + 5).min(19), "nice of {t:?}");
+        assert_eq!(nice(t), nice_want, "nice of {t:?}");
         assert_eq!(policy(t), 0, "policy of {t:?}");
     }
     // the event loop itself takes them
@@ -106,12 +113,18 @@ fn thread_pool_scheduling_sets_policy_and_nice() {
     );
     let worker = ngx.workers()[0];
     let main = std::path::PathBuf::from(format!("/proc/{worker}/task/{worker}"));
-    eventually(Duration::from_secs(5), || {
-        ["b", "i", "n"]
-            .iter()
-            .all(|p| pool_threads(worker, p).len() == 1)
+    let want = [("b", 3, 2), ("i", 5, 5), ("n", 0, 0)];
+    // each thread sets its policy, then its nice, once it has started and
+    // has its name: wait for it (the assertions below say what is not)
+    eventually(Duration::from_secs(10), || {
+        want.iter().all(|&(pool, want_policy, want_nice)| {
+            let t = pool_threads(worker, pool);
+            t.len() == 1
+                && policy(&t[0]) == want_policy
+                && nice(&t[0]) == (nice(&main) + want_nice).min(19)
+        })
     });
-    for (pool, want_policy, want_nice) in [("b", 3, 2), ("i", 5, 5), ("n", 0, 0)] {
+    for (pool, want_policy, want_nice) in want {
         let t = &pool_threads(worker, pool)[0];
         assert_eq!(policy(t), want_policy, "policy of pool {pool}");
         assert_eq!(

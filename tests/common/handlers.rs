@@ -1,10 +1,9 @@
 //! What the tests of native handlers share: the Rust fixture library
-//! (tests/fixtures/rust_handler), the measure of how soon a spinning
-//! handler sees its caller's timeout, and the abort scenarios under
-//! valgrind. The C fixture (tests/fixtures/native_handler.c) and the Rust
+//! (tests/fixtures/rust_handler), the check that a spinning handler sees
+//! its caller's timeout, and the abort scenarios under valgrind. The C fixture (tests/fixtures/native_handler.c) and the Rust
 //! one answer the ops used here alike: "spin", "sleep", "error", "big".
 
-use super::{eventually, repo, Nginx};
+use super::{eventually, repo, skipped_once_idle, Nginx};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -56,7 +55,8 @@ pub fn rust_fixture() -> &'static RustFixture {
 
 /// A server whose /spin pushes "spin" to pool `?pool=` with a 50 ms
 /// timeout; it prints the error and CLOCK_MONOTONIC in ns before the push
-/// and after it returned.
+/// and after it returned. /idle prints the pool's tasks queued or running
+/// and those skipped (their caller gave up before a thread took them).
 pub const SPIN_SERVER: &str = r#"
     server {
         listen 127.0.0.1:$PORT;
@@ -79,6 +79,12 @@ pub const SPIN_SERVER: &str = r#"
                 ngx.print(tostring(err), " ", string.format("%.0f %.0f", t0, t1))
             }
         }
+        location /idle {
+            content_by_lua_block {
+                local s = require("resty.threadpool")[ngx.var.arg_pool]:stats()
+                ngx.print(s.busy + s.queued, " ", s.cancelled)
+            }
+        }
     }"#;
 
 /// The handler of `pool` spins until `cancelled()`; its caller's timeout
@@ -87,33 +93,40 @@ pub const SPIN_SERVER: &str = r#"
 /// its last poll that said "not cancelled" and its first that said
 /// "cancelled" (its "cancel seen at NS after NS" line). Every poll after
 /// the caller's return must see the flag (a module that sets it late, or
-/// never, fails here: the fixture then spins its 5 s). Returns how long
-/// after the caller's return the first such poll came, at best of three
-/// tries (a try may lose the CPU to other processes of a loaded machine
-/// between two polls).
-pub fn best_cancel_lateness(ngx: &Nginx, pool: &str) -> i64 {
-    let mut best = i64::MAX;
-    for _ in 0..3 {
+/// never, fails here: the fixture then spins its 5 s), whatever the load
+/// of the machine. Tries until three handlers ran: under load the thread
+/// may take a task only after its caller gave up, and then skips it (as
+/// the pool's count of cancelled tasks must show). How soon the flag is
+/// seen is printed, not judged (`make bench` measures it).
+pub fn assert_spinning_handler_sees_timeout(ngx: &Nginx, pool: &str) {
+    let idle = format!("/idle?pool={pool}");
+    let mut ran = 0;
+    for _ in 0..50 {
+        let skipped = skipped_once_idle(ngx, &idle);
         let body = ngx.get(&format!("/spin?pool={pool}")).text();
         let parts: Vec<&str> = body.split(' ').collect();
         assert_eq!(parts[0], "timeout", "{body}");
         let (t0, t1): (i64, i64) = (parts[1].parse().unwrap(), parts[2].parse().unwrap());
-        let mut seen = None;
-        assert!(eventually(Duration::from_secs(10), || {
-            seen = ngx
-                .error_log()
-                .lines()
-                .filter_map(|l| l.split("cancel seen at ").nth(1))
-                .filter_map(|rest| {
-                    let mut words = rest.split([' ', ',']);
-                    let first_yes = words.next()?.parse::<i64>().ok()?;
-                    let last_no = words.nth(1)?.parse::<i64>().ok()?;
-                    Some((first_yes, last_no))
-                })
-                .find(|&(first_yes, _)| first_yes > t0);
-            seen.is_some()
-        }));
-        let (first_yes, last_no) = seen.unwrap();
+        if skipped_once_idle(ngx, &idle) > skipped {
+            continue;
+        }
+        let seen = ngx
+            .error_log()
+            .lines()
+            .filter_map(|l| l.split("cancel seen at ").nth(1))
+            .filter_map(|rest| {
+                let mut words = rest.split([' ', ',']);
+                let first_yes = words.next()?.parse::<i64>().ok()?;
+                let last_no = words.nth(1)?.parse::<i64>().ok()?;
+                Some((first_yes, last_no))
+            })
+            .find(|&(first_yes, _)| first_yes > t0);
+        let (first_yes, last_no) = seen.unwrap_or_else(|| {
+            panic!(
+                "the task ran and logged no \"cancel seen\":\n{}",
+                ngx.error_log()
+            )
+        });
         // Not before the timeout: nginx counts its timers from the time it
         // cached at the start of the event loop's turn, in whole
         // milliseconds, so the timeout may fire a little before 50 ms of
@@ -128,9 +141,16 @@ pub fn best_cancel_lateness(ngx: &Nginx, pool: &str) -> i64 {
             "a poll {} µs after the caller's timeout returned said not cancelled",
             (last_no - t1) / 1000
         );
-        best = best.min(first_yes - t1);
+        eprintln!(
+            "cancel seen {} µs after the caller's timeout",
+            (first_yes - t1) / 1000
+        );
+        ran += 1;
+        if ran == 3 {
+            return;
+        }
     }
-    best
+    panic!("only {ran} of the spinning tasks ran");
 }
 
 /// A native pool's abort paths once in nginx run by valgrind's memcheck

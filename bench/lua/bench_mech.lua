@@ -1,0 +1,154 @@
+-- The mechanisms section of make bench (bench/run.py): figures of two
+-- mechanisms whose point is speed, which the tests check only as
+-- behaviour, on a pool `mech` of one thread whose handler is `task`.
+--
+--   GET /mech/poll?n=2000      a caller pushing n trivial tasks one after
+--                              another: the event loop's sleeps (its
+--                              voluntary context switches) after 100 to warm
+--                              up; run.py counts the pool thread's writes
+--   GET /mech/cancel?trials=20 how long after its caller's timeout returned
+--                              a spinning handler saw cancelled()
+--   GET /mech/cost?n=10000000  cancelled()'s cost per call in a
+--                              JIT-compiled loop, in the thread's CPU time
+--
+-- Each answers JSON.
+
+local ffi = require "ffi"
+local cjson = require "cjson.safe"
+
+local C = ffi.C
+local encode = cjson.encode
+local tonumber = tonumber
+
+-- Under names of their own: a Lua state keeps the first declaration of a
+-- C name.
+ffi.cdef [[
+typedef struct { long sec; long nsec; } bench_mech_timespec_t;
+int bench_mech_clock_gettime(int clock_id, bench_mech_timespec_t *ts) asm("clock_gettime");
+]]
+
+local CLOCK_MONOTONIC = 1
+local CLOCK_THREAD_CPUTIME_ID = 3
+-- A spinning task gives up after this many seconds without seeing the flag.
+local SPIN_LIMIT = 5
+local TIMEOUT = 0.02
+
+local ts = ffi.new("bench_mech_timespec_t")
+
+local function clock(id)
+    C.bench_mech_clock_gettime(id, ts)
+    return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
+end
+
+local _M = {}
+
+-- The pool's side: the task's name, then its arguments.
+local tasks = {}
+
+function tasks.inc(x)
+    return x + 1
+end
+
+-- Spins until cancelled (or SPIN_LIMIT); records when it saw the flag
+-- (CLOCK_MONOTONIC, -1: never) under `key`.
+function tasks.spin(key)
+    local cancelled = require("resty.threadpool").cancelled
+    local deadline = clock(CLOCK_MONOTONIC) + SPIN_LIMIT
+    local seen = -1
+    while true do
+        local t = clock(CLOCK_MONOTONIC)
+        if cancelled() then
+            seen = t
+            break
+        end
+        if t >= deadline then
+            break
+        end
+    end
+    ngx.shared.bench_mech:set(key, seen)
+end
+
+-- n calls of cancelled() in a loop: this thread's CPU time per call (ns).
+function tasks.cost(n)
+    local cancelled = require("resty.threadpool").cancelled
+    local seen = 0
+    local t0 = clock(CLOCK_THREAD_CPUTIME_ID)
+    for _ = 1, n do
+        if cancelled() then
+            seen = seen + 1
+        end
+    end
+    return (clock(CLOCK_THREAD_CPUTIME_ID) - t0) / n * 1e9, seen
+end
+
+function _M.task(name, ...)
+    return tasks[name](...)
+end
+
+-- The event loop's side.
+local function pool()
+    return require("resty.threadpool").mech
+end
+
+-- This process's voluntary context switches: its main thread, the event
+-- loop, sleeping in epoll_wait.
+local function sleeps()
+    local f = assert(io.open("/proc/self/status"))
+    local s = f:read("*a")
+    f:close()
+    return tonumber(s:match("\nvoluntary_ctxt_switches:%s*(%d+)"))
+end
+
+function _M.poll()
+    local n = tonumber(ngx.var.arg_n) or 2000
+    local mech = pool()
+    -- the poll adapts to how soon completions come: warm it
+    for i = 1, 100 do
+        assert(mech:push_task("inc", i) == i + 1)
+    end
+    local before = sleeps()
+    for i = 1, n do
+        local res, err = mech:push_task("inc", i)
+        if res ~= i + 1 then
+            ngx.status = 500
+            ngx.say(encode({ error = "task " .. i .. ": " .. tostring(res) .. " " .. tostring(err) }))
+            return
+        end
+    end
+    ngx.say(encode({ tasks = n, sleeps = sleeps() - before }))
+end
+
+function _M.cancel()
+    local trials = tonumber(ngx.var.arg_trials) or 20
+    local dict = ngx.shared.bench_mech
+    local late, missed = {}, 0
+    for i = 1, trials do
+        local key = "spin" .. i
+        dict:delete(key)
+        local _, err = pool():push_task_timeout(TIMEOUT, "spin", key)
+        local gaveup = clock(CLOCK_MONOTONIC)
+        assert(err == "timeout", err)
+        local seen
+        for _ = 1, (SPIN_LIMIT + 1) * 1000 do
+            seen = dict:get(key)
+            if seen then
+                break
+            end
+            ngx.sleep(0.001)
+        end
+        if seen and seen >= 0 then
+            late[#late + 1] = (seen - gaveup) * 1e6
+        else
+            -- never taken (skipped), or never seen
+            missed = missed + 1
+        end
+    end
+    ngx.say(encode({ trials = trials, late_us = late, missed = missed }))
+end
+
+function _M.cost()
+    local per_ns, seen = pool():push_task("cost", tonumber(ngx.var.arg_n) or 10000000)
+    ngx.say(encode({ ns = per_ns, seen = seen }))
+end
+
+return _M
