@@ -275,7 +275,8 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
 /// Event-loop thread of a worker, in init_process of `cycle`, whose `vm`
 /// it is; the lua module is linked.
 unsafe fn thread_ngx_env(cycle: *mut sys::ngx_cycle_t, vm: Option<ngx::lua::MainVm>) -> vm::NgxEnv {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: the caller's contract: the worker's event loop in its
+    // init_process, with the cycle configured and the main VM idle.
     let (lua_conf, resty_core) = unsafe {
         (
             ngx::lua_api::LuaConf::of(cycle),
@@ -285,7 +286,8 @@ unsafe fn thread_ngx_env(cycle: *mut sys::ngx_cycle_t, vm: Option<ngx::lua::Main
     let pcre_version = ngx::lua_api::pcre_version();
     vm::NgxEnv {
         lua_conf,
-        // SAFETY: forwarded from the caller.
+        // SAFETY: as above: init_process, where the worker's pid, slot and
+        // core conf are set.
         worker: unsafe { ngx::lua_api::WorkerInfo::current() },
         regex: vm::RegexEnv {
             pcre: pcre_version.as_deref().and_then(vm::Pcre::of_version),
