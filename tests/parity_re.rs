@@ -511,6 +511,29 @@ fn match_limit_and_jit_stack_size_apply_in_pool_threads() {
     ngx.assert_clean_log();
 }
 
+/// A JIT stack replaced by `opt("jit_stack_size")` stays alive while
+/// patterns may still match on it: with PCRE2 the stack belongs to the
+/// thread's one match context, not to the patterns compiled with it, and
+/// the one assigned last may have no pattern left to hold it.
+#[test]
+fn replaced_jit_stacks_stay_alive_while_in_use() {
+    let ngx = start();
+    let src = r#"
+        local re = require "ngx.re"
+        local subj = ("ab"):rep(20000)
+        local it = ngx.re.gmatch(subj, "(a|b)*", "j")
+        re.opt("jit_stack_size", 65536)
+        assert(ngx.re.find("x", "x", "j"))
+        re.opt("jit_stack_size", 8388608)
+        for _ = 1, 3 do collectgarbage() end
+        local m, err = it()
+        return m and #m[0], err
+    "#;
+    let out = run(&ngx, "/tp", src);
+    assert!(out.starts_with("3: true, "), "{out}");
+    ngx.assert_clean_log();
+}
+
 #[test]
 fn concurrent_regex_loops_in_pool_threads_and_event_loop() {
     let mut ngx = start();

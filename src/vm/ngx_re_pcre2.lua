@@ -131,6 +131,9 @@ function B.prepare(code, jit, _, jit_stack)
     end
     if jit_stack then
         pcre2_jit_stack_assign(match_context, nil, jit_stack)
+        -- held while the context uses it: the patterns compiled with it
+        -- may all be gone
+        B.context_jit_stack = jit_stack
     end
     return nil
 end
