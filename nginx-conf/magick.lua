@@ -1,14 +1,58 @@
--- A small LuaJIT FFI binding to ImageMagick 6's MagickWand (Debian's
--- libmagickwand-6.q16-6): just what the thumbnail demo needs. One wand per
+-- A small LuaJIT FFI binding to ImageMagick's MagickWand, 6 (Debian 12's
+-- libmagickwand-6.q16-6) or 7 (Debian 13's libmagickwand-7.q16-10),
+-- whichever is installed: just what the thumbnail demo needs. One wand per
 -- image, freed by ffi.gc or explicitly with :destroy(); errors are nil, err.
 local ffi = require "ffi"
 
-local C = ffi.load("MagickWand-6.Q16.so.6")
 local ffi_gc = ffi.gc
 local ffi_string = ffi.string
 local setmetatable = setmetatable
 
-ffi.cdef [[
+-- Per major version: the library, the enum values used (magick/composite.h
+-- and magick/resource_.h of 6; MagickCore/composite.h and resource_.h of
+-- 7.1.1), and MagickCompositeImage, which gained a clip_to_self argument
+-- in 7. The newest that loads wins.
+local VERSIONS = {
+    {
+        lib = "MagickWand-7.Q16.so.10",
+        over_composite_op = 54,
+        thread_resource = 7,
+        composite = "MagickBooleanType MagickCompositeImage(MagickWand *,"
+            .. " const MagickWand *, const int compose,"
+            .. " const MagickBooleanType clip_to_self, const ssize_t,"
+            .. " const ssize_t);",
+        -- clipped to the source's own area, as 6 always does
+        composite_image = function(C, dst, src, op, x, y)
+            return C.MagickCompositeImage(dst, src, op, 1, x, y)
+        end,
+    },
+    {
+        lib = "MagickWand-6.Q16.so.6",
+        over_composite_op = 40,
+        thread_resource = 6,
+        composite = "MagickBooleanType MagickCompositeImage(MagickWand *,"
+            .. " const MagickWand *, const int compose, const ssize_t,"
+            .. " const ssize_t);",
+        composite_image = function(C, dst, src, op, x, y)
+            return C.MagickCompositeImage(dst, src, op, x, y)
+        end,
+    },
+}
+
+local C, V
+for _, v in ipairs(VERSIONS) do
+    local ok, lib = pcall(ffi.load, v.lib)
+    if ok then
+        C, V = lib, v
+        break
+    end
+end
+if not C then
+    error("no MagickWand 6 or 7 library (libmagickwand-7.q16-10 or"
+          .. " libmagickwand-6.q16-6) could be loaded")
+end
+
+ffi.cdef([[
 typedef struct _MagickWand MagickWand;
 typedef int MagickBooleanType;
 typedef unsigned long long MagickSizeType;
@@ -19,8 +63,6 @@ MagickWand *DestroyMagickWand(MagickWand *);
 MagickBooleanType MagickReadImage(MagickWand *, const char *);
 MagickBooleanType MagickReadImageBlob(MagickWand *, const void *, const size_t);
 MagickBooleanType MagickThumbnailImage(MagickWand *, const size_t, const size_t);
-MagickBooleanType MagickCompositeImage(MagickWand *, const MagickWand *,
-    const int compose, const ssize_t, const ssize_t);
 MagickBooleanType MagickSetImageFormat(MagickWand *, const char *);
 size_t MagickGetImageWidth(MagickWand *);
 size_t MagickGetImageHeight(MagickWand *);
@@ -28,18 +70,14 @@ unsigned char *MagickGetImageBlob(MagickWand *, size_t *);
 char *MagickGetException(const MagickWand *, int *);
 void *MagickRelinquishMemory(void *);
 MagickBooleanType MagickSetResourceLimit(const int type, const MagickSizeType limit);
-]]
-
--- Enum values from magick/composite.h and magick/resource_.h (IM 6).
-local OVER_COMPOSITE_OP = 40
-local THREAD_RESOURCE = 6
+]] .. V.composite)
 
 -- Once per LuaJIT state (event loop or pool thread); MagickWandGenesis is
 -- idempotent across states of one process.
 C.MagickWandGenesis()
 -- Pool threads are the parallelism: ImageMagick's own OpenMP team inside
 -- each of them would oversubscribe the cores (threads × OpenMP threads).
-C.MagickSetResourceLimit(THREAD_RESOURCE, 1)
+C.MagickSetResourceLimit(V.thread_resource, 1)
 
 local _M = {}
 local mt = { __index = _M }
@@ -111,7 +149,7 @@ end
 
 -- Draws other over this image with its top-left corner at x, y.
 function _M.composite(self, other, x, y)
-    if C.MagickCompositeImage(self.wand, other.wand, OVER_COMPOSITE_OP, x, y) == 0 then
+    if V.composite_image(C, self.wand, other.wand, V.over_composite_op, x, y) == 0 then
         return wand_error(self, "composite")
     end
     return true

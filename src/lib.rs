@@ -268,6 +268,38 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
     })
 }
 
+/// What the pool threads' `ngx` takes from the event loop's.
+///
+/// # Safety
+/// Event-loop thread of a worker, in init_process of `cycle`, whose `vm`
+/// it is; the lua module is linked.
+unsafe fn thread_ngx_env(cycle: *mut sys::ngx_cycle_t, vm: Option<ngx::lua::MainVm>) -> vm::NgxEnv {
+    // SAFETY: the caller's contract: the worker's event loop in its
+    // init_process, with the cycle configured and the main VM idle.
+    let (lua_conf, resty_core) = unsafe {
+        (
+            ngx::lua_api::LuaConf::of(cycle),
+            vm.and_then(|vm| vm.resty_core()),
+        )
+    };
+    let pcre_version = ngx::lua_api::pcre_version();
+    vm::NgxEnv {
+        lua_conf,
+        // SAFETY: as above: init_process, where the worker's pid, slot and
+        // core conf are set.
+        worker: unsafe { ngx::lua_api::WorkerInfo::current() },
+        regex: vm::RegexEnv {
+            pcre: pcre_version.as_deref().and_then(vm::Pcre::of_version),
+            // SAFETY: the configuration is read (init_process).
+            match_limit: lua_conf.map_or(0, |c| unsafe { c.regex_match_limit() }),
+            max_err_len: resty_core
+                .as_ref()
+                .map_or(vm::DEFAULT_REGEX_MAX_ERR_LEN, |r| r.regex_max_err_len),
+        },
+        resty_core_version: resty_core.map(|r| r.version),
+    }
+}
+
 /// Each worker: install the notify multiplexer and start the threads.
 unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t {
     ngx::guard::no_unwind("init_process", sys::NGX_ERROR as sys::ngx_int_t, || {
@@ -284,13 +316,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         let paths = conf.lua_vm.and_then(|vm| unsafe { vm.package_paths() });
         let log = ngx::log::Log::cycle();
         // SAFETY: as above; the lua module is loaded before this module.
-        let ngx_env = unsafe {
-            vm::NgxEnv {
-                lua_conf: ngx::lua_api::LuaConf::of(cycle),
-                worker: ngx::lua_api::WorkerInfo::current(),
-                regex_match_limit: ngx::lua_api::regex_match_limit(),
-            }
-        };
+        let ngx_env = unsafe { thread_ngx_env(cycle, conf.lua_vm) };
         // One spec per configured pool, in order: a pool's index in the
         // configuration is its id in the shim (preload.rs).
         let specs: Result<Vec<_>, String> = conf
@@ -304,7 +330,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
                         style,
                         package_path: paths.as_ref().map(|(path, _)| path.clone()),
                         package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
-                        ngx: ngx_env,
+                        ngx: ngx_env.clone(),
                     }),
                     conf::Process::Native(native) => handler::Kind::Native(native),
                 };

@@ -236,7 +236,8 @@ fn thread_lua_declares_only_its_own_names() {
     for file in [
         "ngx.lua",
         "ngx_require.lua",
-        "ngx_re.lua",
+        "ngx_re_pcre1.lua",
+        "ngx_re_pcre2.lua",
         "ngx_thread_api.lua",
         "cancel.lua",
     ] {

@@ -292,6 +292,7 @@ fn cases() -> Vec<Case> {
         ok("cjson.null is ngx.null", "return require('cjson').null == ngx.null"),
         ok("package paths", "return package.path, package.cpath"),
         ok("resty.core.base loads", "local base = require 'resty.core.base' return base.FFI_OK, base.FFI_DECLINED, type(base.new_tab)"),
+        ok("lua-resty-core's version", "return require('resty.core').version, require('ngx.re').version, require('resty.core.regex').version"),
         // shared dicts
         ok("shared dict names", "local t = {} for k in pairs(ngx.shared) do t[#t + 1] = k end table.sort(t) return t, ngx.shared.nope"),
         ok("shared dict methods", "local t = {} for k, v in pairs(getmetatable(ngx.shared.dict)) do t[k] = type(v) end return t"),

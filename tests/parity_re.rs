@@ -291,6 +291,41 @@ const CASES: &[&str] = &[
     r#"return ngx.re.find(("ab"):rep(2000), "(a|b)*")"#,
 ];
 
+/// What differs between the PCRE APIs the event loop's ngx.re may run on
+/// (lua-nginx-module 0.10.24 and later use PCRE2 where nginx does).
+struct Pcre {
+    /// The error for the pattern "(".
+    missing_paren: &'static str,
+    /// pcre_exec's code when the match limit is hit.
+    match_limit: i32,
+    /// pcre_exec's code when the JIT stack is too small.
+    jit_stack_limit: i32,
+}
+
+/// The PCRE of the event loop's ngx.re, as lua-resty-core tells them
+/// apart: by the version the lua module reports.
+fn event_loop_pcre(ngx: &Nginx) -> Pcre {
+    let version = run(
+        ngx,
+        "/el",
+        r#"local ffi = require "ffi" return ffi.string(ffi.C.ngx_http_lua_ffi_pcre_version())"#,
+    );
+    if version.starts_with("2: true, \"8.") {
+        Pcre {
+            missing_paren: r#"pcre_compile() failed: missing ) in \"(\""#,
+            match_limit: -8,
+            jit_stack_limit: -27,
+        }
+    } else {
+        assert!(version.starts_with("2: true, \"10."), "{version}");
+        Pcre {
+            missing_paren: r#"pcre2_compile() failed: missing closing parenthesis in \"(\""#,
+            match_limit: -47,
+            jit_stack_limit: -46,
+        }
+    }
+}
+
 fn start() -> Nginx {
     start_with_settings("", "")
 }
@@ -390,6 +425,7 @@ fn pool_thread_results_equal_event_loop_results() {
 
     // The cases test what they are meant to (spot checks of the event
     // loop's own results).
+    let pcre = event_loop_pcre(&ngx);
     let result_of = |src: &str| &results[CASES.iter().position(|c| *c == src).unwrap()];
     assert_eq!(result_of(CASES[0]), r#"2: true, {[0]="1234",[1]="1234"}"#);
     assert_eq!(
@@ -398,7 +434,7 @@ fn pool_thread_results_equal_event_loop_results() {
     );
     assert_eq!(
         result_of(r#"return ngx.re.match("a", "(")"#),
-        r#"3: true, nil, "pcre_compile() failed: missing ) in \"(\"""#
+        &format!(r#"3: true, nil, "{}""#, pcre.missing_paren)
     );
     assert_eq!(
         result_of(r#"return ngx.re.gsub("ab", "(?<n>a)", "${n}")"#),
@@ -406,7 +442,7 @@ fn pool_thread_results_equal_event_loop_results() {
     );
     assert!(
         result_of(r#"return ngx.re.find(("ab"):rep(20000), "(a|b)*", "j")"#)
-            .contains("pcre_exec() failed: -27")
+            .contains(&format!("pcre_exec() failed: {}", pcre.jit_stack_limit))
     );
     assert_eq!(
         result_of(
@@ -420,7 +456,10 @@ fn pool_thread_results_equal_event_loop_results() {
     );
     assert_eq!(
         result_of(r#"return ngx.re.match(("a"):rep(26) .. "d", "(a+)+(?:b|c)")"#),
-        r#"3: true, nil, "pcre_exec() failed: -8""#
+        &format!(
+            r#"3: true, nil, "pcre_exec() failed: {}""#,
+            pcre.match_limit
+        )
     );
     // lua-nginx-module logs why a template is bad; so does the pool thread.
     ngx.assert_clean_log();
@@ -439,11 +478,15 @@ fn match_limit_and_jit_stack_size_apply_in_pool_threads() {
         &format!("lua_regex_match_limit 1000; init_by_lua_block {{ {set_jit_stack} }}"),
         set_jit_stack,
     );
+    let over_limit = format!(
+        r#"3: true, nil, "pcre_exec() failed: {}""#,
+        event_loop_pcre(&ngx).match_limit
+    );
     for (src, want) in [
         // over the configured limit, well under PCRE's default
         (
             r#"return ngx.re.match(("a"):rep(12) .. "d", "(a+)+(?:b|c)")"#,
-            r#"3: true, nil, "pcre_exec() failed: -8""#,
+            over_limit.as_str(),
         ),
         // under it
         (
@@ -465,6 +508,29 @@ fn match_limit_and_jit_stack_size_apply_in_pool_threads() {
         assert_eq!(here, want, "event loop: {src}");
         assert_eq!(pool, want, "pool thread: {src}");
     }
+    ngx.assert_clean_log();
+}
+
+/// A JIT stack replaced by `opt("jit_stack_size")` stays alive while
+/// patterns may still match on it: with PCRE2 the stack belongs to the
+/// thread's one match context, not to the patterns compiled with it, and
+/// the one assigned last may have no pattern left to hold it.
+#[test]
+fn replaced_jit_stacks_stay_alive_while_in_use() {
+    let ngx = start();
+    let src = r#"
+        local re = require "ngx.re"
+        local subj = ("ab"):rep(20000)
+        local it = ngx.re.gmatch(subj, "(a|b)*", "j")
+        re.opt("jit_stack_size", 65536)
+        assert(ngx.re.find("x", "x", "j"))
+        re.opt("jit_stack_size", 8388608)
+        for _ = 1, 3 do collectgarbage() end
+        local m, err = it()
+        return m and #m[0], err
+    "#;
+    let out = run(&ngx, "/tp", src);
+    assert!(out.starts_with("3: true, "), "{out}");
     ngx.assert_clean_log();
 }
 

@@ -170,6 +170,15 @@ impl Drop for Sema {
     }
 }
 
+/// lua-resty-core as the event loop runs it (MainVm::resty_core).
+#[derive(Clone, Debug)]
+pub struct RestyCore {
+    /// `require("resty.core").version`, e.g. "0.1.25".
+    pub version: String,
+    /// The longest error text of its ngx.re functions.
+    pub regex_max_err_len: usize,
+}
+
 /// lua-nginx-module's main Lua VM of one configuration (cycle), found
 /// while it is read and used once it is running.
 #[derive(Clone, Copy)]
@@ -234,5 +243,48 @@ impl MainVm {
             }
         };
         Some((field(c"path")?, field(c"cpath")?))
+    }
+
+    /// What pool threads copy of lua-resty-core as the event loop runs it:
+    /// its version, and the longest error text its ngx.re returns (its
+    /// error buffer differs between releases), found by asking it for a
+    /// compile error longer than any buffer. None when the probe fails
+    /// (lua-resty-core not loaded, an error).
+    ///
+    /// # Safety
+    /// Event-loop thread of a worker of the VM's cycle, with no Lua code
+    /// running.
+    pub unsafe fn resty_core(self) -> Option<RestyCore> {
+        const PROBE: &[u8] = br#"
+            local base = package.loaded["resty.core.base"]
+            local _, err = ngx.re.match("", ("x"):rep(1000) .. "(")
+            return base and base.version, err and #err
+        "#;
+        let l = self.state.as_ptr();
+        // SAFETY: l is the lua module's main state, idle (the caller
+        // vouches); the chunk runs under lua_pcall, with no Rust frame
+        // between it and its errors; the stack is restored.
+        unsafe {
+            let top = lua::lua_gettop(l);
+            let mut out = None;
+            if lua::luaL_loadbuffer(l, PROBE.as_ptr().cast(), PROBE.len(), c"=probe".as_ptr())
+                == lua::LUA_OK
+                && lua::lua_pcall(l, 0, 2, 0) == lua::LUA_OK
+                && lua::lua_isnumber(l, -1) != 0
+            {
+                let mut len = 0;
+                let version = lua::lua_tolstring(l, -2, &mut len);
+                out = (!version.is_null()).then(|| RestyCore {
+                    version: String::from_utf8_lossy(std::slice::from_raw_parts(
+                        version.cast::<u8>(),
+                        len,
+                    ))
+                    .into_owned(),
+                    regex_max_err_len: lua::lua_tointeger(l, -1) as usize,
+                });
+            }
+            lua::lua_settop(l, top);
+            out
+        }
     }
 }

@@ -23,69 +23,8 @@
 use super::lua_symbols::get as lua_module;
 use super::{conf, sys};
 use mlua::{Lua, Table};
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 use std::ptr::NonNull;
-
-/// The head of `ngx_http_lua_regex_t`, as lua-resty-core declares it for
-/// its FFI calls (resty/core/regex.lua): a public contract of the module.
-#[repr(C)]
-struct LuaRegex {
-    pool: *mut c_void,
-    name_table: *mut u8,
-    name_count: c_int,
-    name_entry_size: c_int,
-    ncaptures: c_int,
-    captures: *mut c_int,
-    regex: *mut c_void,
-    regex_sd: *mut PcreExtra,
-}
-
-/// The head of PCRE's public `pcre_extra` (pcre.h).
-#[repr(C)]
-struct PcreExtra {
-    flags: std::ffi::c_ulong,
-    study_data: *mut c_void,
-    match_limit: std::ffi::c_ulong,
-}
-
-const PCRE_EXTRA_MATCH_LIMIT: std::ffi::c_ulong = 0x0002;
-
-/// `lua_regex_match_limit` as the event loop applies it (0: none). The lua
-/// module keeps it in its main conf, whose layout is private; it shows in
-/// the study data of every pattern it compiles, so one is compiled here.
-///
-/// # Safety
-/// Event-loop thread of a worker, before any pool thread uses PCRE: the lua
-/// module compiles with its process-wide allocator hooks.
-pub unsafe fn regex_match_limit() -> u64 {
-    let pattern = b"a";
-    let mut err = [0u8; 128];
-    // SAFETY: a valid pattern and error buffer; the regex is destroyed
-    // below and nothing else holds it.
-    unsafe {
-        let lua = lua_module();
-        let re = (lua.compile_regex)(
-            pattern.as_ptr(),
-            pattern.len(),
-            0,
-            0,
-            err.as_mut_ptr(),
-            err.len(),
-        )
-        .cast::<LuaRegex>();
-        if re.is_null() {
-            return 0;
-        }
-        let sd = (*re).regex_sd;
-        let limit = if !sd.is_null() && (*sd).flags & PCRE_EXTRA_MATCH_LIMIT != 0 {
-            (*sd).match_limit
-        } else {
-            0
-        };
-        (lua.destroy_regex)(re.cast());
-        limit
-    }
-}
 
 /// lua-nginx-module's main conf (`ngx_http_lua_main_conf_t`) of the
 /// worker's cycle, kept opaque: only the lua module reads it.
@@ -107,6 +46,29 @@ impl LuaConf {
     pub unsafe fn of(cycle: *mut sys::ngx_cycle_t) -> Option<LuaConf> {
         // SAFETY: forwarded from the caller.
         NonNull::new(unsafe { conf::http_main_conf(cycle, lua_module().module) }).map(LuaConf)
+    }
+
+    /// `lua_regex_match_limit` as the event loop applies it (0: none), read
+    /// where the lua module's command table says its directive stores it.
+    ///
+    /// # Safety
+    /// The cycle's configuration is fully read (the lua module's init main
+    /// conf has replaced an unset value by 0).
+    pub unsafe fn regex_match_limit(self) -> u64 {
+        let Some(offset) = lua_module().regex_match_limit_offset else {
+            return 0;
+        };
+        // SAFETY: the directive's ngx_int_t lies at `offset` in this main
+        // conf (its command entry, see lua_symbols::command_offset).
+        let limit = unsafe {
+            self.0
+                .as_ptr()
+                .cast::<u8>()
+                .add(offset)
+                .cast::<sys::ngx_int_t>()
+                .read()
+        };
+        u64::try_from(limit).unwrap_or(0)
     }
 }
 
@@ -164,6 +126,17 @@ pub fn inject(lua: &Lua, ngx: &Table, conf: Option<LuaConf>) -> mlua::Result<()>
             }
         })
     }
+}
+
+/// The version of the PCRE lua-nginx-module's ngx.re runs on, as it
+/// reports it to lua-resty-core; None when it has no PCRE.
+pub fn pcre_version() -> Option<String> {
+    let f = lua_module().pcre_version?;
+    // SAFETY: the lua module's `const char *(void)`; it returns PCRE's
+    // static version string (PCRE2: a buffer it fills on each call, only
+    // ever called on the event loop).
+    let v = unsafe { std::ffi::CStr::from_ptr(f()) };
+    Some(v.to_string_lossy().into_owned())
 }
 
 /// `lua_regex_cache_max_entries` when lua-nginx-module is loaded (in

@@ -10,6 +10,7 @@
 use super::{conf::Conf, module, os, sys};
 use mlua::ffi::lua_State;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ops::RangeInclusive;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -21,10 +22,25 @@ pub struct RawSema {
 
 type Inject = unsafe extern "C" fn(l: *mut lua_State);
 
-/// What the module calls in lua-nginx-module (0.10.23 signatures; the
-/// FFI functions are those lua-resty-core declares).
+/// The lua-nginx-module releases whose private functions (below) this
+/// module was checked against, as `ngx.config.ngx_lua_version` numbers
+/// them (0.10.23 is 10023): the signatures, the context bits of lua.rs.
+pub const LUA_MODULE_VERSIONS: RangeInclusive<i64> = 10_023..=10_028;
+
+/// What the module calls in lua-nginx-module (the signatures of every
+/// release in LUA_MODULE_VERSIONS; the FFI functions are those
+/// lua-resty-core declares).
 pub struct LuaModule {
     pub module: *const sys::ngx_module_t,
+    /// `ngx.config.ngx_lua_version`, in LUA_MODULE_VERSIONS.
+    pub version: i64,
+    /// Where `lua_regex_match_limit` keeps its value (an ngx_int_t) in the
+    /// lua module's main conf, as its command table says; None when the
+    /// module was built without PCRE.
+    pub regex_match_limit_offset: Option<usize>,
+    /// The version of the PCRE its ngx.re uses ("8.39 2016-06-14",
+    /// "10.42 2022-12-11"); None when it was built without PCRE.
+    pub pcre_version: Option<unsafe extern "C" fn() -> *const c_char>,
     /// Its public API for other modules (api/ngx_http_lua_api.h): the main
     /// VM of the configuration `cf` belongs to, null before the lua
     /// module's postconfiguration made it (and under `nginx -t`).
@@ -61,17 +77,6 @@ pub struct LuaModule {
     pub worker_pid: unsafe extern "C" fn() -> c_int,
     pub worker_id: unsafe extern "C" fn() -> c_int,
     pub worker_count: unsafe extern "C" fn() -> c_int,
-    /// Returns an `ngx_http_lua_regex_t` (see lua_api.rs) or null.
-    pub compile_regex: unsafe extern "C" fn(
-        pat: *const u8,
-        pat_len: usize,
-        flags: c_int,
-        pcre_opts: c_int,
-        errstr: *mut u8,
-        errstr_size: usize,
-    ) -> *mut c_void,
-    /// Takes an `ngx_http_lua_regex_t` from compile_regex.
-    pub destroy_regex: unsafe extern "C" fn(re: *mut c_void),
 }
 
 /// The table of the last configuration read; replaced only when a reload
@@ -141,23 +146,36 @@ pub fn link(cf: Conf) -> Result<(), String> {
 
 fn resolve(module: *const sys::ngx_module_t) -> Result<LuaModule, String> {
     // SAFETY: each name below is a function lua-nginx-module exports with
-    // the signature of its field (lua-nginx-module 0.10.23's sources and
-    // lua-resty-core's cdefs); F is that function pointer type.
-    unsafe fn f<F: Copy>(name: &CStr) -> Result<F, String> {
-        let p = os::global_symbol(name).ok_or_else(|| {
-            format!(
-                "ngx_http_lua_module.so has no {}: this module needs \
-                 lua-nginx-module 0.10.23 or a compatible version",
-                name.to_string_lossy()
-            )
-        })?;
+    // the signature of its field (the sources of every release in
+    // LUA_MODULE_VERSIONS, and lua-resty-core's cdefs); F is that function
+    // pointer type.
+    unsafe fn optional<F: Copy>(name: &CStr) -> Option<F> {
+        let p = os::global_symbol(name)?;
         // SAFETY: the caller vouches that F is the symbol's type.
-        Ok(unsafe { std::mem::transmute_copy(&p.as_ptr()) })
+        Some(unsafe { std::mem::transmute_copy(&p.as_ptr()) })
     }
+    // SAFETY: as optional().
+    unsafe fn f<F: Copy>(name: &CStr) -> Result<F, String> {
+        // SAFETY: forwarded from the caller.
+        unsafe { optional(name) }.ok_or_else(|| {
+            format!(
+                "ngx_http_lua_module.so has no {}: {}",
+                name.to_string_lossy(),
+                supported()
+            )
+        })
+    }
+    // SAFETY: see f().
+    let inject_config_api: Inject = unsafe { f(c"ngx_http_lua_inject_config_api")? };
+    let version = lua_module_version(inject_config_api)?;
+    check_version(version)?;
     // SAFETY: see f().
     unsafe {
         Ok(LuaModule {
             module,
+            version,
+            regex_match_limit_offset: command_offset(module, b"lua_regex_match_limit"),
+            pcre_version: optional(c"ngx_http_lua_ffi_pcre_version"),
             get_global_state: f(c"ngx_http_lua_get_global_state")?,
             sema_new: f(c"ngx_http_lua_ffi_sema_new")?,
             sema_post: f(c"ngx_http_lua_ffi_sema_post")?,
@@ -171,13 +189,97 @@ fn resolve(module: *const sys::ngx_module_t) -> Result<LuaModule, String> {
             inject_http_consts: f(c"ngx_http_lua_inject_http_consts")?,
             inject_log_api: f(c"ngx_http_lua_inject_log_api")?,
             inject_string_api: f(c"ngx_http_lua_inject_string_api")?,
-            inject_config_api: f(c"ngx_http_lua_inject_config_api")?,
+            inject_config_api,
             inject_shdict_api: f(c"ngx_http_lua_inject_shdict_api")?,
             worker_pid: f(c"ngx_http_lua_ffi_worker_pid")?,
             worker_id: f(c"ngx_http_lua_ffi_worker_id")?,
             worker_count: f(c"ngx_http_lua_ffi_worker_count")?,
-            compile_regex: f(c"ngx_http_lua_ffi_compile_regex")?,
-            destroy_regex: f(c"ngx_http_lua_ffi_destroy_regex")?,
         })
+    }
+}
+
+/// What the error for an unknown release says this module supports.
+fn supported() -> String {
+    format!(
+        "this module supports lua-nginx-module {} to {}",
+        version_text(*LUA_MODULE_VERSIONS.start()),
+        version_text(*LUA_MODULE_VERSIONS.end())
+    )
+}
+
+/// 10028 as "0.10.28" (the lua module's own numbering).
+fn version_text(v: i64) -> String {
+    format!("{}.{}.{}", v / 1_000_000, v / 1000 % 1000, v % 1000)
+}
+
+/// Err naming the release found and the ones supported when `version` is
+/// not in LUA_MODULE_VERSIONS.
+fn check_version(version: i64) -> Result<(), String> {
+    if LUA_MODULE_VERSIONS.contains(&version) {
+        return Ok(());
+    }
+    Err(format!(
+        "the loaded ngx_http_lua_module.so is lua-nginx-module {}: {}",
+        version_text(version),
+        supported()
+    ))
+}
+
+/// `ngx.config.ngx_lua_version`, as the lua module's own config API puts
+/// it in a table of a scratch state (its public number, read without
+/// knowing the module's layout).
+fn lua_module_version(inject_config_api: Inject) -> Result<i64, String> {
+    let lua = crate::lua::scratch_state();
+    let read = || -> mlua::Result<i64> {
+        let ngx = lua.create_table()?;
+        // SAFETY: exec_raw runs the closure protected, with `ngx` alone on
+        // the stack; the function sets ngx.config to a table of numbers
+        // and C functions, reads nothing of a cycle, and leaves the stack
+        // as it found it.
+        unsafe { lua.exec_raw::<()>(&ngx, |l| inject_config_api(l)) }?;
+        ngx.get::<mlua::Table>("config")?.get("ngx_lua_version")
+    };
+    read().map_err(|e| format!("cannot read lua-nginx-module's version: {e}"))
+}
+
+/// The `offset` of the lua module's directive `name` in its main conf,
+/// from nginx's public command table; None when the module has no such
+/// directive or keeps it elsewhere.
+fn command_offset(module: *const sys::ngx_module_t, name: &[u8]) -> Option<usize> {
+    // SAFETY: a registered module's `commands` is null or an array ended
+    // by an entry with an empty name (ngx_null_command); names are byte
+    // strings of `len` bytes.
+    unsafe {
+        let mut cmd = (*module).commands;
+        while !cmd.is_null() && (*cmd).name.len != 0 {
+            let n = &(*cmd).name;
+            if std::slice::from_raw_parts(n.data, n.len) == name {
+                let main = (*cmd).conf == sys::NGX_RS_HTTP_MAIN_CONF_OFFSET;
+                // lua-nginx-module built without PCRE gives the directive
+                // no storage (offset 0, a handler that ignores it).
+                return (main && (*cmd).offset != 0).then_some((*cmd).offset);
+            }
+            cmd = cmd.add(1);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_outside_the_checked_range_are_refused_by_name() {
+        assert!(check_version(10_023).is_ok());
+        assert!(check_version(10_028).is_ok());
+        assert_eq!(
+            check_version(10_029).unwrap_err(),
+            "the loaded ngx_http_lua_module.so is lua-nginx-module 0.10.29: \
+             this module supports lua-nginx-module 0.10.23 to 0.10.28"
+        );
+        assert!(check_version(10_022)
+            .unwrap_err()
+            .contains("lua-nginx-module 0.10.22: "));
     }
 }

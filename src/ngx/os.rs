@@ -184,13 +184,16 @@ mod tests {
 
     #[test]
     fn private_copy_has_its_own_globals() {
-        let lib = PrivateLib::load(c"libpcre.so.3").expect("libpcre.so.3");
-        let private = lib.symbol(c"pcre_malloc").expect("private pcre_malloc");
-        let shared = PrivateLib::load(c"libpcre.so.3")
-            .expect("libpcre.so.3")
-            .symbol(c"pcre_malloc")
-            .expect("second pcre_malloc");
-        // each namespace has its own copy of the library's data
+        // PCRE2, which nginx links on every Debian release
+        let lib = PrivateLib::load(c"libpcre2-8.so.0").expect("libpcre2-8.so.0");
+        let private = lib
+            .symbol(c"pcre2_config_8")
+            .expect("private pcre2_config_8");
+        let shared = PrivateLib::load(c"libpcre2-8.so.0")
+            .expect("libpcre2-8.so.0")
+            .symbol(c"pcre2_config_8")
+            .expect("second pcre2_config_8");
+        // each namespace has its own copy of the library, data included
         assert_ne!(private, shared);
     }
 }

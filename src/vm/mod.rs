@@ -18,6 +18,7 @@ mod ngx_re;
 mod task;
 
 pub use ngx_api::NgxEnv;
+pub use ngx_re::{Pcre, RegexEnv, DEFAULT_REGEX_MAX_ERR_LEN};
 
 use crate::codec::{self, CodecError, Span};
 use crate::lua::call::{CFunction, Status};

@@ -15,14 +15,17 @@ use crate::ngx::lua_api::{self, LuaConf, WorkerInfo};
 use mlua::{Lua, Value};
 
 /// What a thread's `ngx` needs from the event loop, taken at init_process.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct NgxEnv {
     /// For ngx.shared; None when the lua module has no main conf.
     pub lua_conf: Option<LuaConf>,
     /// For ngx.worker.
     pub worker: WorkerInfo,
-    /// lua_regex_match_limit (0: PCRE's default).
-    pub regex_match_limit: u64,
+    /// For ngx.re.
+    pub regex: super::ngx_re::RegexEnv,
+    /// lua-resty-core's version, which the thread's `require "resty.core"`
+    /// and `require "ngx.re"` report; None when unknown.
+    pub resty_core_version: Option<String>,
 }
 
 /// Sets the globals `ngx` and `print` in `lua`. Log lines go to `log` with
@@ -67,7 +70,7 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::R
     lua.load(include_str!("ngx_thread_api.lua"))
         .set_name("=ngx_threadpool.api")
         .call::<()>((&ngx, &prim))?;
-    let re_internal = super::ngx_re::install(lua, &ngx, env.regex_match_limit)?;
+    let re_internal = super::ngx_re::install(lua, &ngx, env.regex)?;
     lua.load(include_str!("ngx_unavailable.lua"))
         .set_name("=ngx_threadpool.unavailable")
         .call::<()>(&ngx)?;
@@ -77,7 +80,7 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::R
         .into_function()?;
     lua.load(include_str!("ngx_require.lua"))
         .set_name("=ngx_threadpool.require")
-        .call::<()>((re_module, re_internal))?;
+        .call::<()>((re_module, re_internal, env.resty_core_version.as_deref()))?;
     lua.globals().set("ngx", ngx)?;
     lua.globals().set("print", print)?;
     Ok(())

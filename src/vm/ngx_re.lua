@@ -1,9 +1,10 @@
 -- ngx.re of a pool thread: match, find, gmatch, sub and gsub with the results
--- of lua-resty-core's ngx.re over lua-nginx-module 0.10.23, computed with the
--- same PCRE (libpcre.so.3) through a private copy of it (see ngx_re.rs).
--- Compiled patterns, their cache and the PCRE JIT stack belong to the state
--- of one thread: nothing here is shared with another thread.
-local sym, max_cache, match_limit, ngx = ...
+-- of lua-resty-core's ngx.re over lua-nginx-module, computed with the same
+-- PCRE through a backend for its API (ngx_re_pcre1.lua, ngx_re_pcre2.lua) on
+-- a private copy of the library (see ngx_re.rs). Compiled patterns, their
+-- cache and the PCRE JIT stack belong to the state of one thread: nothing
+-- here is shared with another thread.
+local backend, max_cache, max_err_len, ngx = ...
 
 local ffi = require "ffi"
 local bit = require "bit"
@@ -28,124 +29,72 @@ local tostring = tostring
 local type = type
 local next = next
 
-if type(sym) ~= "function" then
-    -- libpcre.so.3 did not load: say so where ngx.re is used, as OpenResty
-    -- does when built without PCRE.
+if type(backend) ~= "table" then
+    -- the PCRE library did not load: say so where ngx.re is used, as
+    -- OpenResty does when built without PCRE.
     return setmetatable({}, { __index = function(_, key)
-        error("no support for 'ngx.re." .. tostring(key) .. "': " .. sym, 2)
+        error("no support for 'ngx.re." .. tostring(key) .. "': " .. backend,
+              2)
     end })
 end
 
-ffi.cdef [[
-typedef struct ngx_tp_pcre_s ngx_tp_pcre;
-/* pcre_extra of pcre.h: the match limit is set through it. */
-typedef struct ngx_tp_pcre_extra_s {
-    unsigned long flags;
-    void *study_data;
-    unsigned long match_limit;
-    void *callout_data;
-    const unsigned char *tables;
-    unsigned long match_limit_recursion;
-    unsigned char **mark;
-    void *executable_jit;
-} ngx_tp_pcre_extra;
-typedef struct ngx_tp_pcre_jit_stack_s ngx_tp_pcre_jit_stack;
-]]
+local backend_compile = backend.compile
+local backend_info = backend.info
+local backend_prepare = backend.prepare
+local jit_stack_create = backend.jit_stack_create
+local jit_stack_free = backend.jit_stack_free
+local PCRE = backend.OPTS
 
-local function pcre_fn(name, ctype)
-    local p = sym(name)
-    if p == nil then
-        error("libpcre.so.3 has no " .. name)
-    end
-    return ffi_cast(ctype, p)
-end
-
-local pcre_compile = pcre_fn("pcre_compile", "ngx_tp_pcre *(*)(const char *,"
-    .. " int, const char **, int *, const unsigned char *)")
-local pcre_study = pcre_fn("pcre_study", "ngx_tp_pcre_extra *(*)("
-    .. "const ngx_tp_pcre *, int, const char **)")
-local pcre_free_study = pcre_fn("pcre_free_study",
-    "void (*)(ngx_tp_pcre_extra *)")
-local pcre_exec = pcre_fn("pcre_exec", "int (*)(const ngx_tp_pcre *,"
-    .. " const ngx_tp_pcre_extra *, const char *, int, int, int, int *, int)")
-local pcre_dfa_exec = pcre_fn("pcre_dfa_exec", "int (*)(const ngx_tp_pcre *,"
-    .. " const ngx_tp_pcre_extra *, const char *, int, int, int, int *, int,"
-    .. " int *, int)")
-local pcre_fullinfo = pcre_fn("pcre_fullinfo", "int (*)(const ngx_tp_pcre *,"
-    .. " const ngx_tp_pcre_extra *, int, void *)")
-local pcre_jit_stack_alloc = pcre_fn("pcre_jit_stack_alloc",
-    "ngx_tp_pcre_jit_stack *(*)(int, int)")
-local pcre_jit_stack_free = pcre_fn("pcre_jit_stack_free",
-    "void (*)(ngx_tp_pcre_jit_stack *)")
-local pcre_assign_jit_stack = pcre_fn("pcre_assign_jit_stack",
-    "void (*)(ngx_tp_pcre_extra *, void *, ngx_tp_pcre_jit_stack *)")
--- pcre_free is a variable holding the deallocator.
-local pcre_free = pcre_fn("pcre_free", "void (**)(void *)")[0]
-
--- Our flags (lua-resty-core's values) and PCRE's option bits.
+-- Our flags (lua-resty-core's values).
 local FLAG_COMPILE_ONCE = 0x01
 local FLAG_DFA = 0x02
 local FLAG_JIT = 0x04
 local FLAG_DUPNAMES = 0x08
 local FLAG_NO_UTF8_CHECK = 0x10
 
-local PCRE_CASELESS = 0x0000001
-local PCRE_MULTILINE = 0x0000002
-local PCRE_DOTALL = 0x0000004
-local PCRE_EXTENDED = 0x0000008
-local PCRE_ANCHORED = 0x0000010
-local PCRE_NO_UTF8_CHECK = 0x0002000
-local PCRE_UTF8 = 0x0000800
-local PCRE_DUPNAMES = 0x0080000
-local PCRE_JAVASCRIPT_COMPAT = 0x2000000
+local PCRE_ERROR_NOMATCH = -1 -- PCRE2_ERROR_NOMATCH too
 
-local PCRE_STUDY_JIT_COMPILE = 0x0001
-local PCRE_EXTRA_MATCH_LIMIT = 0x0002
-local PCRE_INFO_CAPTURECOUNT = 2
-local PCRE_INFO_NAMEENTRYSIZE = 7
-local PCRE_INFO_NAMECOUNT = 8
-local PCRE_INFO_NAMETABLE = 9
-local PCRE_ERROR_NOMATCH = -1
-
--- As lua-nginx-module: error text capped at 127 bytes, DFA workspace of
--- 100 ints, and 32 KiB of JIT stack (what PCRE uses on the machine stack
--- when no stack is assigned, as in OpenResty by default).
-local MAX_ERR_LEN = 127
-local DFA_WORKSPACE = 100
+-- As lua-nginx-module: 32 KiB of JIT stack (what PCRE uses on the machine
+-- stack when no stack is assigned, as in OpenResty by default).
 local JIT_STACK_SIZE = 32 * 1024
 
 -- option letter -> { our flags, PCRE options }
 local OPTIONS = {
     [byte "o"] = { FLAG_COMPILE_ONCE, 0 },
     [byte "j"] = { FLAG_JIT, 0 },
-    [byte "i"] = { 0, PCRE_CASELESS },
-    [byte "s"] = { 0, PCRE_DOTALL },
-    [byte "m"] = { 0, PCRE_MULTILINE },
-    [byte "u"] = { 0, PCRE_UTF8 },
-    [byte "U"] = { FLAG_NO_UTF8_CHECK, PCRE_UTF8 },
-    [byte "x"] = { 0, PCRE_EXTENDED },
+    [byte "i"] = { 0, PCRE.i },
+    [byte "s"] = { 0, PCRE.s },
+    [byte "m"] = { 0, PCRE.m },
+    [byte "u"] = { 0, PCRE.u },
+    [byte "U"] = { FLAG_NO_UTF8_CHECK, PCRE.u },
+    [byte "x"] = { 0, PCRE.x },
     [byte "d"] = { FLAG_DFA, 0 },
-    [byte "a"] = { 0, PCRE_ANCHORED },
-    [byte "D"] = { FLAG_DUPNAMES, PCRE_DUPNAMES },
-    [byte "J"] = { 0, PCRE_JAVASCRIPT_COMPAT },
+    [byte "a"] = { 0, PCRE.a },
+    [byte "D"] = { FLAG_DUPNAMES, PCRE.D },
+    [byte "J"] = { 0, PCRE.J },
 }
 
-local err_ptr = ffi_new("const char *[1]")
+local c_str = ffi.typeof("const char *")
 local int_out = ffi_new("int[1]")
 local table_out = ffi_new("const unsigned char *[1]")
-local dfa_ws = ffi_new("int[?]", DFA_WORKSPACE)
-local c_str = ffi.typeof("const char *")
 
--- On failure PCRE uses the machine stack (nil here: a NULL cdata is true).
-local function new_jit_stack(size)
-    local stack = pcre_jit_stack_alloc(JIT_STACK_SIZE, size)
+local function info(code, what)
+    backend_info(code, what, int_out)
+    return int_out[0]
+end
+
+-- A JIT stack growing from min to max bytes, freed by the collector; nil
+-- when PCRE cannot allocate it.
+local function new_jit_stack(min, max)
+    local stack = jit_stack_create(min, max)
     if stack == nil then
         return nil
     end
-    return ffi_gc(stack, pcre_jit_stack_free)
+    return ffi_gc(stack, jit_stack_free)
 end
 
-local jit_stack = new_jit_stack(JIT_STACK_SIZE)
+-- On failure PCRE uses the machine stack (nil here).
+local jit_stack = new_jit_stack(JIT_STACK_SIZE, JIT_STACK_SIZE)
 
 local parsed_opts = {} -- opts string -> { flags, PCRE options }
 
@@ -301,12 +250,12 @@ local function compile_template(tpl)
 end
 
 local function compile_error(regex, msg, offset)
-    local err = 'pcre_compile() failed: ' .. msg .. ' in "' .. regex .. '"'
+    local err = backend.COMPILE_FAILED .. msg .. ' in "' .. regex .. '"'
     if offset ~= #regex then
         err = err .. ' at "' .. ffi_string(ffi_cast(c_str, regex) + offset)
             .. '"'
     end
-    err = sub(err, 1, MAX_ERR_LEN)
+    err = sub(err, 1, max_err_len)
     local nul = find(err, "\0", 1, true)
     return nul and sub(err, 1, nul - 1) or err
 end
@@ -314,44 +263,23 @@ end
 -- Compiles regex (and the template `replace` when given) into a table;
 -- returns it, or nil and the error text.
 local function compile(regex, flags, pcre_opts, replace)
-    local re = pcre_compile(regex, pcre_opts, err_ptr, int_out, nil)
-    if re == nil then
-        return nil, compile_error(regex, ffi_string(err_ptr[0]), int_out[0])
-    end
-    ffi_gc(re, pcre_free)
-
-    local sd = pcre_study(re, band(flags, FLAG_JIT) ~= 0
-                              and PCRE_STUDY_JIT_COMPILE or 0, err_ptr)
-    if sd ~= nil then
-        ffi_gc(sd, pcre_free_study)
-        if jit_stack then
-            pcre_assign_jit_stack(sd, nil, jit_stack)
-        end
-        -- As lua-nginx-module: only a studied, non-DFA pattern has a limit.
-        if match_limit > 0 and band(flags, FLAG_DFA) == 0 then
-            sd.flags = bor(sd.flags, PCRE_EXTRA_MATCH_LIMIT)
-            sd.match_limit = match_limit
-        end
-    else
-        sd = nil -- nothing learned by studying
+    local code, msg, offset = backend_compile(regex, pcre_opts)
+    if not code then
+        return nil, compile_error(regex, msg, offset)
     end
 
     local dfa = band(flags, FLAG_DFA) ~= 0
-    local ncap = 0
-    if not dfa then
-        pcre_fullinfo(re, nil, PCRE_INFO_CAPTURECOUNT, int_out)
-        ncap = int_out[0]
-    end
-    local ovecsize = dfa and 2 or (ncap + 1) * 3
+    local extra = backend_prepare(code, band(flags, FLAG_JIT) ~= 0, dfa,
+                                  jit_stack)
+    local ncap = dfa and 0 or info(code, "capturecount")
+    local ovecsize = dfa and 2 or (ncap + 1) * backend.OVEC_INTS
 
     -- Named groups as a flat list: number, name, number, name...
     local names
-    pcre_fullinfo(re, nil, PCRE_INFO_NAMECOUNT, int_out)
-    local name_count = int_out[0]
+    local name_count = info(code, "namecount")
     if name_count > 0 then
-        pcre_fullinfo(re, nil, PCRE_INFO_NAMEENTRYSIZE, int_out)
-        local entry_size = int_out[0]
-        pcre_fullinfo(re, nil, PCRE_INFO_NAMETABLE, table_out)
+        local entry_size = info(code, "nameentrysize")
+        backend_info(code, "nametable", table_out)
         local entry = table_out[0]
         names = new_tab(2 * name_count, 0)
         for k = 0, name_count - 1 do
@@ -372,11 +300,11 @@ local function compile(regex, flags, pcre_opts, replace)
     end
 
     return {
-        re = re,
-        sd = sd,
+        code = code,
+        extra = extra,
         dfa = dfa,
         exec_opts = band(flags, FLAG_NO_UTF8_CHECK) ~= 0
-                    and PCRE_NO_UTF8_CHECK or 0,
+                    and backend.NO_UTF8_CHECK or 0,
         ncap = ncap,
         ovec = ffi_new("int[?]", ovecsize),
         ovecsize = ovecsize,
@@ -415,15 +343,7 @@ local function get_compiled(kind, regex, opts, flags, pcre_opts, replace)
     return compiled, err
 end
 
-local function exec(compiled, subj, len, pos)
-    if compiled.dfa then
-        return pcre_dfa_exec(compiled.re, compiled.sd, subj, len, pos,
-                             compiled.exec_opts, compiled.ovec, 2, dfa_ws,
-                             DFA_WORKSPACE)
-    end
-    return pcre_exec(compiled.re, compiled.sd, subj, len, pos,
-                     compiled.exec_opts, compiled.ovec, compiled.ovecsize)
-end
+local exec = backend.exec
 
 -- The captures table of a match (rc as PCRE returned it, 0 made 1).
 local function collect(compiled, rc, subj, res)
@@ -749,8 +669,8 @@ end
 -- The JIT stack of patterns compiled from now on, at least 32 KiB as in
 -- lua-nginx-module; nil and an error if PCRE cannot allocate it.
 function internal.set_jit_stack_size(size)
-    local stack = new_jit_stack(size < JIT_STACK_SIZE and JIT_STACK_SIZE
-                                or size)
+    local stack = new_jit_stack(JIT_STACK_SIZE, size < JIT_STACK_SIZE
+                                                and JIT_STACK_SIZE or size)
     if not stack then
         return nil, "pcre jit stack allocation failed"
     end

@@ -1,5 +1,5 @@
 -- `require "ngx.re"` in a pool thread: split and opt with the results and
--- errors of lua-resty-core's ngx/re.lua (0.1.25), over the thread's own
+-- errors of lua-resty-core's ngx/re.lua (the same in 0.1.25 and 0.1.31), over the thread's own
 -- PCRE patterns (ngx_re.lua), never over lua-nginx-module's.
 local internal, version = ...
 

@@ -7,7 +7,7 @@
 -- loop). A searcher placed first answers for every `ngx.*` and
 -- `resty.core*` name: the thread's own API for the request-free modules, an
 -- error for the others. Every other module loads as on the event loop.
-local re_module_chunk, re_internal = ...
+local re_module_chunk, re_internal, VERSION = ...
 
 local ffi = require "ffi"
 
@@ -17,9 +17,6 @@ local find = string.find
 local tonumber = tonumber
 local floor = math.floor
 local insert = table.insert
-
--- lua-resty-core's version, which its modules return as `version`.
-local VERSION = "0.1.25"
 
 -- ngx_tp_ names only (see ngx_api.rs).
 ffi.cdef [[
@@ -44,7 +41,8 @@ local function monotonic_time()
     return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) / 1e9
 end
 
--- name -> function returning the module's value. lua-resty-core's
+-- name -> function returning the module's value (VERSION is the event
+-- loop's lua-resty-core's, which its modules return as `version`). lua-resty-core's
 -- resty.core.* modules install their functions into ngx.* and return a
 -- small table; in a thread ngx.* already holds the thread's own versions.
 local provided = {
