@@ -25,7 +25,25 @@ type Inject = unsafe extern "C" fn(l: *mut lua_State);
 /// The lua-nginx-module releases whose private functions (below) this
 /// module was checked against, as `ngx.config.ngx_lua_version` numbers
 /// them (0.10.23 is 10023): the signatures, the context bits of lua.rs.
-pub const LUA_MODULE_VERSIONS: RangeInclusive<i64> = 10_023..=10_028;
+/// Declared once, in Cargo.toml (`[package.metadata.lua-nginx-module]`,
+/// which the package's dependency reads too).
+pub const LUA_MODULE_VERSIONS: RangeInclusive<i64> =
+    version_number(env!("NGX_TP_LUA_OLDEST"))..=version_number(env!("NGX_TP_LUA_NEWEST"));
+
+/// "0.10.23" as 10023, the lua module's numbering.
+const fn version_number(text: &str) -> i64 {
+    let bytes = text.as_bytes();
+    let (mut parts, mut part, mut i) = ([0i64; 3], 0, 0);
+    while i < bytes.len() {
+        if bytes[i] == b'.' {
+            part += 1;
+        } else {
+            parts[part] = parts[part] * 10 + (bytes[i] - b'0') as i64;
+        }
+        i += 1;
+    }
+    parts[0] * 1_000_000 + parts[1] * 1000 + parts[2]
+}
 
 /// What the module calls in lua-nginx-module (the signatures of every
 /// release in LUA_MODULE_VERSIONS; the FFI functions are those
@@ -219,7 +237,7 @@ fn check_version(version: i64) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "the loaded ngx_http_lua_module.so is lua-nginx-module {}: {}",
+        "the lua-nginx-module loaded is {}: {}",
         version_text(version),
         supported()
     ))
@@ -275,11 +293,11 @@ mod tests {
         assert!(check_version(10_028).is_ok());
         assert_eq!(
             check_version(10_029).unwrap_err(),
-            "the loaded ngx_http_lua_module.so is lua-nginx-module 0.10.29: \
+            "the lua-nginx-module loaded is 0.10.29: \
              this module supports lua-nginx-module 0.10.23 to 0.10.28"
         );
         assert!(check_version(10_022)
             .unwrap_err()
-            .contains("lua-nginx-module 0.10.22: "));
+            .contains("loaded is 0.10.22: "));
     }
 }
