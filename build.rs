@@ -58,11 +58,17 @@ fn lua_module_range() {
             in_table = line == "[package.metadata.lua-nginx-module]";
         } else if let Some((key, value)) = line.split_once(" = ").filter(|_| in_table) {
             let key = key.trim().to_uppercase();
-            println!("cargo:rustc-env=NGX_TP_LUA_{key}={}", value.trim_matches('"'));
+            println!(
+                "cargo:rustc-env=NGX_TP_LUA_{key}={}",
+                value.trim_matches('"')
+            );
             found += 1;
         }
     }
-    assert_eq!(found, 2, "Cargo.toml: [package.metadata.lua-nginx-module] needs oldest and newest");
+    assert_eq!(
+        found, 2,
+        "Cargo.toml: [package.metadata.lua-nginx-module] needs oldest and newest"
+    );
 }
 
 /// Copies the nginx source tree and runs its configure with Debian's flags,

@@ -45,7 +45,10 @@ fn emerg_of(conf: &str) -> String {
 fn cannot_misorder() -> bool {
     let built_in = lua_built_in();
     if built_in {
-        eprintln!("lua-nginx-module is built into {}: no load order to get wrong", nginx());
+        eprintln!(
+            "lua-nginx-module is built into {}: no load order to get wrong",
+            nginx()
+        );
     }
     built_in
 }

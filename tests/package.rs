@@ -79,7 +79,9 @@ fn nginx_abi() -> String {
 
 /// The package that ships the LuaJIT library the module links.
 fn luajit_package() -> String {
-    let owner = run(Command::new("dpkg-query").arg("-S").arg("libluajit-5.1.so.2"));
+    let owner = run(Command::new("dpkg-query")
+        .arg("-S")
+        .arg("libluajit-5.1.so.2"));
     owner.split(':').next().unwrap().trim().to_string()
 }
 
