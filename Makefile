@@ -5,7 +5,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson libpcre3 \
 	libluajit2-5.1-dev libclang-dev clang pkg-config wrk \
 	imagemagick libmagickwand-6.q16-6 python3-prometheus-client dpkg-dev binutils lua-check
-MODULE := target/release/libngx_threadpool.so
+# Where cargo builds it: CARGO_TARGET_DIR when set, as cargo reads it.
+MODULE := $(abspath $(or $(CARGO_TARGET_DIR),target)/release/libngx_threadpool.so)
 RUN_DIR := $(CURDIR)/target/run
 # As root, nginx would run its workers as nobody, who may not read a
 # checkout in a private directory.
@@ -53,7 +54,7 @@ run: build images
 	cargo build --release -p waf-rust
 	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs $(RUN_DIR)/html
 	@cp nginx-conf/thumbs.html $(RUN_DIR)/html/
-	@sed -e 's#@MODULE@#$(CURDIR)/$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
+	@sed -e 's#@MODULE@#$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
 		-e "s#@USER@#$(RUN_USER)#g" \
 		nginx-conf/demo.conf > $(RUN_DIR)/conf/nginx.conf
 	@cp nginx-conf/*.lua $(RUN_DIR)/conf/ 2>/dev/null || true

@@ -41,7 +41,9 @@ import procs  # noqa: E402
 
 SOAK = Path(__file__).resolve().parent
 REPO = SOAK.parent
-MODULE = REPO / "target/release/libngx_threadpool.so"
+# Where cargo builds it: CARGO_TARGET_DIR when set (relative to the
+# repository, as make runs cargo there).
+MODULE = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release/libngx_threadpool.so"
 # The module's pools in soak/nginx.conf.tmpl: each must show in the metrics.
 POOLS = ("work", "slow", "big", "tiny", "copy")
 WORKERS = 2
