@@ -8,7 +8,7 @@ RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
 DEB_PACKAGES_bookworm := libluajit2-5.1-dev libmagickwand-6.q16-6 libpcre3
 DEB_PACKAGES_trixie := libluajit-5.1-dev libmagickwand-7.q16-10
 DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
-	libclang-dev clang pkg-config wrk gcc libc6-dev make git ca-certificates python3 \
+	libclang-dev clang pkg-config wrk gcc libc6-dev make git ca-certificates python3 procps \
 	imagemagick python3-prometheus-client dpkg-dev binutils lua-check \
 	$(or $(DEB_PACKAGES_$(RELEASE)),$(error make deps knows Debian 12 (bookworm) and 13 (trixie); this is "$(RELEASE)"))
 # cargo's output: target/, or CARGO_TARGET_DIR (matrix/chroot.sh sets it per
@@ -93,7 +93,7 @@ run: build images
 	cargo build --release -p waf-rust
 	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs $(RUN_DIR)/html
 	@cp nginx-conf/thumbs.html $(RUN_DIR)/html/
-	@sed -e 's#@MODULE@#$(CURDIR)/$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
+	@sed -e 's#@MODULE@#$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
 		-e "s#@USER@#$(RUN_USER)#g" \
 		nginx-conf/demo.conf > $(RUN_DIR)/conf/nginx.conf
 	@cp nginx-conf/*.lua $(RUN_DIR)/conf/ 2>/dev/null || true

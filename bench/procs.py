@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 NGINX = os.environ.get("NGX_TP_NGINX", "/usr/sbin/nginx")
 MODULES = "/usr/lib/nginx/modules"
 # The module cargo built: under CARGO_TARGET_DIR when set (matrix/chroot.sh
-# sets one per Debian release).
-MODULE = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release/libngx_threadpool.so"
+# sets one per Debian release; a relative one is the repository's, where make
+# runs cargo).
+MODULE = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release/libngx_threadpool.so"
 
 
 def lua_module_lines():
