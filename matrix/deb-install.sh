@@ -11,10 +11,11 @@ set -euo pipefail
 
 deb=$(ls "${CARGO_TARGET_DIR:-target}"/debian/libnginx-mod-http-threadpool_*.deb)
 example=nginx-conf/debian
+[ -e /etc/nginx/lua ] && lua_dir= || lua_dir=/etc/nginx/lua
 cleanup() {
     nginx -s quit 2>/dev/null || true
     sleep 1
-    rm -rf /etc/nginx/conf.d/threadpool.conf /etc/nginx/lua/myapp
+    rm -rf /etc/nginx/conf.d/threadpool.conf /etc/nginx/lua/myapp $lua_dir
     dpkg --purge libnginx-mod-http-threadpool >/dev/null 2>&1 || true
 }
 trap cleanup EXIT

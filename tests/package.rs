@@ -85,8 +85,25 @@ fn luajit_package() -> String {
     owner.split(':').next().unwrap().trim().to_string()
 }
 
+/// Whether the nginx under test is not the one the package is for: the
+/// package depends on Debian's dynamic lua module and nginx ABI, which an
+/// nginx with the lua module built in (make test-static) does not have.
+fn not_debian_nginx() -> bool {
+    let built_in = lua_built_in();
+    if built_in {
+        eprintln!(
+            "{} has the lua module built in: no Debian package for it",
+            nginx()
+        );
+    }
+    built_in
+}
+
 #[test]
 fn package_files_and_dependencies() {
+    if not_debian_nginx() {
+        return;
+    }
     let dir = prefix("deb");
     let deb = build_package(&dir);
     let version = env!("CARGO_PKG_VERSION");
@@ -291,14 +308,18 @@ fn example(dir: &Path, port: u16) {
         )
         .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"));
     std::fs::write(dir.join("conf/conf.d/threadpool.conf"), site).unwrap();
+    // -T: the stock layout may have a lua/ of its own already
     run(Command::new("cp")
-        .arg("-r")
+        .arg("-rT")
         .arg(src.join("lua"))
         .arg(dir.join("conf/lua")));
 }
 
 #[test]
 fn package_runs_in_the_stock_layout() {
+    if not_debian_nginx() {
+        return;
+    }
     let dir = prefix("deb");
     let deb = build_package(&dir);
     run(Command::new("dpkg-deb")
