@@ -20,7 +20,7 @@ WRK = "wrk"
 WRK_SCRIPT = BENCH / "wrk_json.lua"
 WAF_RULES = REPO / "nginx-conf/waf_rules.lua"
 # The Rust WAF as a pool handler (examples/waf-rust, src/handler.rs).
-WAF_RUST_LIB = REPO / "target/release/libwaf_rust.so"
+WAF_RUST_LIB = procs.RELEASE_DIR / "libwaf_rust.so"
 
 
 def log(msg):

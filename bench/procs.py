@@ -17,7 +17,8 @@ MODULES = "/usr/lib/nginx/modules"
 # The module cargo built: under CARGO_TARGET_DIR when set (matrix/chroot.sh
 # sets one per Debian release; a relative one is the repository's, where make
 # runs cargo).
-MODULE = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release/libngx_threadpool.so"
+RELEASE_DIR = REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release"
+MODULE = RELEASE_DIR / "libngx_threadpool.so"
 
 
 def lua_module_lines():

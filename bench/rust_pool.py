@@ -5,12 +5,11 @@ Rust, called with the same arguments; and the published figure its
 sequential round trip is set beside.
 """
 
-from pathlib import Path
+from procs import RELEASE_DIR
 
-REPO = Path(__file__).resolve().parent.parent
 VARIANT = "tpr"
 POOL = "tpr"
-LIB = REPO / "target/release/libbench_upper.so"
+LIB = RELEASE_DIR / "libbench_upper.so"
 BUILD = "cargo build --release -p bench-upper"
 # Its pool's handler, beside the Lua pool's in bench/nginx.conf.tmpl.
 DIRECTIVE = f"thread_pool_process_by_rust {POOL} {LIB};"
