@@ -42,12 +42,16 @@ if [ ! -e "$root/.complete" ]; then
     mv "$root.new" "$root"
 fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The checkout's mount point goes with the run (a fresh clone's path is new
+# each time); the toolchain's stay.
+[ -d "$root$repo" ] && made= || made=$root$repo
 mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home"
 flock -u 9
 
 # The command runs with the lock released: runs may share the chroot (each
 # cargo build takes cargo's own locks, apt-get takes dpkg's).
-exec unshare --mount --propagation private -- bash -euo pipefail -c '
+rc=0
+unshare --mount --propagation private -- bash -euo pipefail -c '
 root=$1 repo=$2 cargo_home=$3 rustup_home=$4 command=$5
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
@@ -59,4 +63,6 @@ exec chroot "$root" /usr/bin/env -i HOME="$HOME" TERM="${TERM:-dumb}" CI="${CI:-
     CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" \
     CARGO_TARGET_DIR="$repo/target/'"$release"'" \
     bash -euo pipefail -c "cd \"$repo\" && $command"
-' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*"
+' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" || rc=$?
+[ -z "$made" ] || rmdir "$made"
+exit $rc
