@@ -64,5 +64,5 @@ exec chroot "$root" /usr/bin/env -i HOME="$HOME" TERM="${TERM:-dumb}" CI="${CI:-
     CARGO_TARGET_DIR="$repo/target/'"$release"'" \
     bash -euo pipefail -c "cd \"$repo\" && $command"
 ' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" || rc=$?
-[ -z "$made" ] || rmdir "$made"
+[ -z "$made" ] || rmdir "$made" || true
 exit $rc
