@@ -1,0 +1,76 @@
+"""Checks the relative links of the project's Markdown (make lint).
+
+Every link of README.md, docs/*.md, bench/README.md and soak/README.md
+that is not a URL must name a file or directory of the repository and,
+with a #anchor into a Markdown file, one of that file's headings, as
+GitHub makes their anchors. Prints each broken link and exits 1.
+
+    python3 docs/check_links.py
+"""
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = ["README.md", "bench/README.md", "soak/README.md", *sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+# [text](target): text may hold code spans and balanced brackets.
+LINK = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(([^()\s]+)\)")
+
+
+def prose(text):
+    """The lines outside fenced code blocks, with their numbers."""
+    fenced = False
+    for number, line in enumerate(text.split("\n"), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            yield number, line
+
+
+def anchors(path):
+    """The anchors GitHub gives the headings of a Markdown file."""
+    seen = {}
+    for _, line in prose(path.read_text()):
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        text = CODE_SPAN.sub(lambda c: c.group(2), m.group(1))
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        yield slug if n == 0 else f"{slug}-{n}"
+
+
+def broken(name):
+    """The broken links of one file, as messages."""
+    path = ROOT / name
+    for number, line in prose(path.read_text()):
+        for m in LINK.finditer(CODE_SPAN.sub("", line)):
+            target = m.group(1)
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            where = f"{name}:{number}: {target}"
+            if not dest.exists():
+                yield f"{where}: no such file"
+            elif anchor and dest.suffix == ".md" and anchor not in set(anchors(dest)):
+                yield f"{where}: no heading with that anchor"
+
+
+def main():
+    problems = [p for name in FILES for p in broken(name)]
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
