@@ -21,7 +21,7 @@ local tostring = tostring
 local type = type
 local floor = math.floor
 
--- The module's C functions on this VM's stack (src/preload.rs).
+-- The module's C functions on this VM's stack (src/api/functions.rs).
 local API_VERSION = 11
 local core
 do

@@ -3,7 +3,7 @@
 //! through `ngx_threadpool_task_cancelled` (cancel.lua:
 //! `require("resty.threadpool").cancelled()`). The flag is run::Cancel.
 
-use crate::run::Cancel;
+use crate::handoff::outcome::Cancel;
 use mlua::Lua;
 use std::cell::Cell;
 

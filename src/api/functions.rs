@@ -31,11 +31,11 @@
 
 use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
+use crate::handoff::payload::{Args, Payload};
 use crate::lua::stack;
 use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
-use crate::worker::payload::{Args, Payload};
 use crate::worker::tasks::{Caller, Release, RequestTasks};
 use crate::worker::{with_worker, WorkerError};
 use mlua::ffi::{self as lua, lua_State};

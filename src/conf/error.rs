@@ -30,7 +30,7 @@ pub enum ConfError {
         path: String,
         err: std::io::Error,
     },
-    /// The block's text (conf_block.rs says why it could not be read).
+    /// The block's text (block.rs says why it could not be read).
     Block(String),
     Compile(String),
     Duplicate {
