@@ -3,7 +3,9 @@
 Every link of README.md, docs/*.md, bench/README.md and soak/README.md
 that is not a URL must name a file or directory of the repository and,
 with a #anchor into a Markdown file, one of that file's headings, as
-GitHub makes their anchors. Prints each broken link and exits 1.
+GitHub makes their anchors. A code span that is a path of the repository
+(`src/pool/thread.rs`) must name a file that exists, so that the docs
+follow files that move. Prints each problem and exits 1.
 
     python3 docs/check_links.py
 """
@@ -18,6 +20,8 @@ FILES = ["README.md", "bench/README.md", "soak/README.md", *sorted(
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+# A code span that is a path into one of the repository's folders.
+PATH_SPAN = re.compile(r"`((?:src|tests|lua|bench|soak|handler|nginx-conf|matrix|examples)/[\w./-]*)`")
 # [text](target): text may hold code spans and balanced brackets.
 LINK = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(([^()\s]+)\)")
 
@@ -62,6 +66,9 @@ def broken(name):
                 yield f"{where}: no such file"
             elif anchor and dest.suffix == ".md" and anchor not in set(anchors(dest)):
                 yield f"{where}: no heading with that anchor"
+        for m in PATH_SPAN.finditer(line):
+            if not (ROOT / m.group(1)).exists():
+                yield f"{name}:{number}: `{m.group(1)}`: no such file"
 
 
 def main():
