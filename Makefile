@@ -83,12 +83,13 @@ fuzz: deps
 		random_calls_leave_the_worker_alive_serving_and_flat --nocapture
 	FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release --test fuzz -- --exact fuzz --nocapture
 
-# rustfmt, clippy, luacheck, and the Markdown's relative links (docs/check_links.py).
+# rustfmt, clippy, luacheck, and the docs: links, and a reference entry for
+# every directive and Lua function (docs/check.py).
 lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --all-targets --workspace -- -D warnings
 	luacheck --no-color $(LUA_SOURCES)
-	/usr/bin/python3 -B docs/check_links.py
+	/usr/bin/python3 -B docs/check.py
 
 # nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.
 run: build images

@@ -1,13 +1,20 @@
-"""Checks the relative links of the project's Markdown (make lint).
+"""Keeps the project's Markdown honest (make lint).
 
-Every link of README.md, docs/*.md, bench/README.md and soak/README.md
+Links: every link of README.md, docs/*.md, bench/README.md and soak/README.md
 that is not a URL must name a file or directory of the repository and,
 with a #anchor into a Markdown file, one of that file's headings, as
 GitHub makes their anchors. A code span that is a path of the repository
 (`src/pool/thread.rs`) must name a file that exists, so that the docs
-follow files that move. Prints each problem and exits 1.
+follow files that move.
 
-    python3 docs/check_links.py
+Reference: every directive the module registers (its command table and
+the settings' entries, src/) has a `## NAME` entry in docs/directives.md,
+and every function of lua/resty/threadpool.lua one in docs/lua-api.md;
+README.md's tables link each of them.
+
+Prints each problem and exits 1.
+
+    python3 docs/check.py
 """
 
 import re
@@ -71,8 +78,33 @@ def broken(name):
                 yield f"{name}:{number}: `{m.group(1)}`: no such file"
 
 
+def registered():
+    """The directives of src/ (with nginx's own `thread_pool`, which the
+    module takes over) and the functions of the Lua library."""
+    src = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.rs"))
+    directives = {"thread_pool"}
+    directives |= set(re.findall(r'command\(\s*ngx_string\(c"(\w+)"\)', src))
+    directives |= set(re.findall(r'name: c"(\w+)"', src))
+    lua = (ROOT / "lua/resty/threadpool.lua").read_text()
+    functions = set(re.findall(r"^function (?:Pool|_M)\.(\w+)\(", lua, re.M))
+    return {"directives": directives, "lua-api": functions}
+
+
+def undocumented():
+    """What the module offers that its reference or the README misses."""
+    readme = (ROOT / "README.md").read_text()
+    for doc, names in registered().items():
+        headings = set(anchors(ROOT / "docs" / f"{doc}.md"))
+        for name in sorted(names):
+            if name not in headings:
+                yield f"docs/{doc}.md: no `## {name}` entry"
+            if f"(docs/{doc}.md#{name})" not in readme:
+                yield f"README.md: no link to docs/{doc}.md#{name}"
+
+
 def main():
     problems = [p for name in FILES for p in broken(name)]
+    problems += undocumented()
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
