@@ -42,8 +42,8 @@ impl<L: sealed::List> ValueList for L {}
 
 pub(crate) mod sealed {
     use super::Values;
-    use crate::ffi::NGX_TP_MAX_VALUES;
     use crate::ser::Ser;
+    use ngx_threadpool_wire::{too_many, MAX_VALUES};
     use serde::Serialize;
     use std::fmt;
 
@@ -59,9 +59,7 @@ pub(crate) mod sealed {
     impl fmt::Display for ResultsError {
         fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
             match self {
-                ResultsError::TooMany => {
-                    write!(f, "too many return values (max {NGX_TP_MAX_VALUES})")
-                }
+                ResultsError::TooMany => f.write_str(&too_many("return value")),
                 ResultsError::Value(pos, e) => write!(f, "cannot encode return value #{pos}: {e}"),
             }
         }
@@ -78,8 +76,8 @@ pub(crate) mod sealed {
     impl Writer<'_> {
         /// Writes one value at the next position, unless it is nil.
         fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), ResultsError> {
-            // u32 holds NGX_TP_MAX_VALUES
-            if self.n as usize == NGX_TP_MAX_VALUES {
+            // u32 holds MAX_VALUES
+            if self.n as usize == MAX_VALUES {
                 return Err(ResultsError::TooMany);
             }
             self.n += 1;

@@ -477,7 +477,7 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
             }
             Ok(())
         });
-        if let Err(msg) = walked.unwrap_or_else(|panic| Err(format!("panic: {panic}"))) {
+        if let Err(msg) = walked.unwrap_or_else(|panic| Err(ngx_threadpool_wire::panicked(panic))) {
             lua::lua_settop(l, 4);
             return refused(l, ERROR, &msg);
         }
@@ -511,7 +511,7 @@ unsafe fn queue(
             return refused(l, ERROR, "an argument changed while it was pushed");
         };
         let queued = guard::catch(|| queue_and_wait(l, pool, ms, args, anchor))
-            .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));
+            .unwrap_or_else(|panic| Queued::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
         match queued {
             // lua_yield only marks the coroutine (it yields when this
             // function returns its value): the coroutine was found able
@@ -644,7 +644,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
             Ok(Some(Err(e))) => refused(l, ERROR, &e.to_string()),
             Ok(None) if in_init_worker(request_of(l)) => refused(l, ERROR, NOT_STARTED),
             Ok(None) => refused(l, ERROR, "not in a worker process with running pools"),
-            Err(panic) => refused(l, ERROR, &format!("panic: {panic}")),
+            Err(panic) => refused(l, ERROR, &ngx_threadpool_wire::panicked(panic)),
         }
     }
 }
