@@ -209,6 +209,47 @@ fn err_is_nil_e_and_a_panic_leaves_the_thread_serving_with_its_state() {
     }
 }
 
+/// An `Err` or a panic in the handler's `init`, in the words the handler
+/// crate documents: the error log names the pool and thread, and the
+/// thread's tasks get `nil, 'thread pool "NAME" is not usable: TEXT'`,
+/// TEXT being `panic: MESSAGE` for a panic.
+#[test]
+fn an_init_error_or_panic_leaves_the_pool_unusable_with_its_text() {
+    let http = r#"
+    lua_thread_pool f threads=1;
+    lua_thread_pool p threads=1;
+    thread_pool_process_by_rust f LIB init-fails;
+    thread_pool_process_by_rust p LIB init-panics;
+    server {
+        listen 127.0.0.1:$PORT;
+        location /run {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local r1, e1 = tp.f:push_task("tag")
+                local r2, e2 = tp.p:push_task("tag")
+                ngx.print(tostring(r1), ",", e1, "|", tostring(r2), ",", e2)
+            }
+        }
+    }"#;
+    let n = Nginx::start(
+        "",
+        &http.replace("LIB", &rust_fixture().v1.display().to_string()),
+    );
+    assert_eq!(
+        n.get("/run").text(),
+        "nil,thread pool \"f\" is not usable: init refused by CONFIG|\
+         nil,thread pool \"p\" is not usable: panic: init panicked on CONFIG"
+    );
+    let log = n.error_log();
+    for text in [
+        "thread pool \"f\" thread #0: init refused by CONFIG",
+        "thread pool \"p\" thread #0: panic: init panicked on CONFIG",
+    ] {
+        let line = log.lines().find(|l| l.contains(text));
+        assert!(line.is_some_and(|l| l.contains("[error]")), "{text}:\n{log}");
+    }
+}
+
 #[test]
 fn log_macros_write_at_their_levels_with_the_pool_name() {
     let n = start_with("error_log logs/debug.log debug;", &rust_fixture().v1);
