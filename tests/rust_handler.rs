@@ -105,8 +105,13 @@ fn push_task_push_tasks_and_post_task_reach_a_rust_pool() {
         local rec = v[4]
         return v.n, " ", v[1], " ", tostring(v[2]), " ", v[3], " ", rec.name, " ",
             table.concat(rec.list, ","), " ", tostring(rec.flags.on), tostring(rec.flags.off),
-            " ", table.concat(v[5], ",")"##;
-    assert_eq!(run(&n, values), "5 1 nil two rec 1,2,3 truefalse 7,8");
+            " ", table.concat(v[5], ","), " ", tostring(rec.missing == ngx.null), " ",
+            #rec.holes, tostring(rec.holes[2] == ngx.null)"##;
+    // None is nil as a value, ngx.null inside a table
+    assert_eq!(
+        run(&n, values),
+        "5 1 nil two rec 1,2,3 truefalse 7,8 true 2true"
+    );
     let batch = r#"
         local res = assert(tp.r:push_tasks({ { "upper", "a" }, { "tag" }, { "error" } }))
         local out = {}
