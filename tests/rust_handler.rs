@@ -251,7 +251,10 @@ fn an_init_error_or_panic_leaves_the_pool_unusable_with_its_text() {
         "thread pool \"p\" thread #0: panic: init panicked on CONFIG",
     ] {
         let line = log.lines().find(|l| l.contains(text));
-        assert!(line.is_some_and(|l| l.contains("[error]")), "{text}:\n{log}");
+        assert!(
+            line.is_some_and(|l| l.contains("[error]")),
+            "{text}:\n{log}"
+        );
     }
 }
 

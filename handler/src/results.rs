@@ -4,14 +4,15 @@
 use serde::Serialize;
 use std::fmt::Display;
 
-/// What a handler's `process` may return in `Ok`: any [`Serialize`] value
-/// is one result (`Ok(())` and `Ok(None)` are one nil); [`Values`] holds
-/// several.
+/// What [`Handler::Output`](crate::Handler::Output) may be: any
+/// [`Serialize`] value is one result (`Ok(())` and `Ok(None)` are one
+/// nil); [`Values`] holds several.
 ///
 /// The caller gets them as Lua values: strings (`String`, `&str`) as Lua
 /// strings, byte strings too when wrapped for serde as bytes
 /// ([`serde_bytes`]; a bare `Vec<u8>` is an array of numbers), numbers,
-/// booleans, `None` as nil, sequences as arrays, maps and structs as
+/// booleans, `None` as nil (`ngx.null` inside a table, which cannot hold
+/// nil), sequences as arrays, maps and structs as
 /// tables (map keys of any type but nil and NaN), a unit enum variant as
 /// its name and another as a table of one entry.
 pub trait IntoResults: sealed::Sealed {}

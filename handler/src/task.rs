@@ -86,7 +86,8 @@ thread_local! {
     static SPARE: Cell<Vec<Entry>> = const { Cell::new(Vec::new()) };
 }
 
-/// A task being processed: what a handler's `process` function gets.
+/// A task being processed: what
+/// [`Handler::process`](crate::Handler::process) gets.
 ///
 /// `'t` is the task's life: the arguments it lends (`&'t str`,
 /// `&'t [u8]`) are read in place, in the module's memory, and cannot
