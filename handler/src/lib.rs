@@ -43,7 +43,13 @@ pub const ABI_VERSION: u32 = ngx_threadpool_wire::ABI_VERSION;
 /// `ngx_threadpool_free`, with the prototypes of
 /// `include/ngx_threadpool.h`; the library exports them when built as a
 /// `cdylib`. A type that is not a [`Handler`] is the compiler's error
-/// ``the trait bound `T: Handler` is not satisfied``.
+/// ``the trait bound `T: Handler` is not satisfied`` (E0277):
+///
+/// ```compile_fail,E0277
+/// struct NotAHandler;
+///
+/// ngx_threadpool_handler::export!(NotAHandler);
+/// ```
 #[macro_export]
 macro_rules! export {
     ($handler:ty $(,)?) => {
