@@ -7,8 +7,8 @@ use std::path::Path;
 
 /// The map's entries: each bullet of lib.rs's module doc, as text.
 fn entries() -> Vec<String> {
-    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs"))
-        .unwrap();
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
     let mut out: Vec<String> = Vec::new();
     for line in lib.lines().take_while(|l| l.starts_with("//!")) {
         let text = line.trim_start_matches("//!").trim();
@@ -41,7 +41,12 @@ fn src() -> std::path::PathBuf {
 fn every_folder_is_on_the_map() {
     let named: BTreeSet<String> = entries()
         .iter()
-        .flat_map(|e| quoted(e).into_iter().map(str::to_string).collect::<Vec<_>>())
+        .flat_map(|e| {
+            quoted(e)
+                .into_iter()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
         .filter_map(|q| q.strip_suffix('/').map(str::to_string))
         .collect();
     for entry in std::fs::read_dir(src()).unwrap() {
@@ -52,7 +57,10 @@ fn every_folder_is_on_the_map() {
         }
     }
     for name in &named {
-        assert!(src().join(name).is_dir(), "lib.rs's map names {name}/, which is not a folder of src/");
+        assert!(
+            src().join(name).is_dir(),
+            "lib.rs's map names {name}/, which is not a folder of src/"
+        );
     }
 }
 
@@ -65,7 +73,11 @@ fn listed_folders_name_each_of_their_files() {
         let Some(folder) = words.first().and_then(|w| w.strip_suffix('/')) else {
             continue;
         };
-        let files: BTreeSet<&str> = words.iter().copied().filter(|w| w.ends_with(".rs")).collect();
+        let files: BTreeSet<&str> = words
+            .iter()
+            .copied()
+            .filter(|w| w.ends_with(".rs"))
+            .collect();
         if files.is_empty() {
             continue;
         }
@@ -90,5 +102,8 @@ fn listed_folders_name_each_of_their_files() {
             );
         }
     }
-    assert!(listed >= 5, "lib.rs's map lists the files of {listed} folders");
+    assert!(
+        listed >= 5,
+        "lib.rs's map lists the files of {listed} folders"
+    );
 }

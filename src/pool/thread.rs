@@ -14,6 +14,7 @@ use crate::ngx::os;
 use crate::ngx::{guard, log, notify};
 use crate::pool::handler::{Handler, Spec};
 use crate::worker::stats::{PoolStats, Tally};
+use crate::worker::OVERLOADED;
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -164,6 +165,30 @@ pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                         i,
                         Payload {
                             bytes,
+                            ..Payload::default()
+                        },
+                    ));
+                    continue;
+                }
+                if job
+                    .deadline
+                    .is_some_and(|deadline| stats.late(job.queued_at, deadline, now))
+                {
+                    // Started, it would end after its caller stopped
+                    // waiting: the thread serves the tasks behind it
+                    // instead, and the caller hears why at once.
+                    tally.expired += 1;
+                    debug(format_args!(
+                        "task {:#x}.{i} skipped: its deadline is too close",
+                        job.task
+                    ));
+                    let mut bytes = bytes;
+                    outcome::fail(&mut bytes, OVERLOADED);
+                    results.push((
+                        i,
+                        Payload {
+                            bytes,
+                            failed: true,
                             ..Payload::default()
                         },
                     ));
