@@ -96,8 +96,9 @@ const HTTP: &str = r##"
             }
         }
         # The thread is held past the latest start of a queued task that
-        # still has time left: it is never started, its caller hears why
-        # before its own timeout. With `more`, a known mix around it.
+        # still has time left, with a task behind it: it is never started,
+        # its caller hears why before its own timeout. With `more`, a known
+        # mix around it.
         location /expire {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
@@ -110,22 +111,22 @@ const HTTP: &str = r##"
                 local late = ngx.thread.spawn(function()
                     return tp.ov:push_task_timeout(4, "mark", o.trace("late"))
                 end)
-                local queued = {}
+                local behind = { ngx.thread.spawn(function()
+                    return tp.ov:push_task("mark", o.trace("behind"))
+                end) }
                 if ngx.var.arg_more then
                     out[#out + 1] = o.show(tp.ov:push_task_timeout(0.1, "mark", o.trace("x")))
                     out[#out + 1] = o.show(tp.ov:push_tasks_timeout(0.1, {
                         { "mark", o.trace("y") }, { "mark", o.trace("z") } }))
-                    for i = 1, 2 do
-                        queued[i] = ngx.thread.spawn(function()
-                            return tp.ov:push_task("mark", o.trace("q" .. i))
-                        end)
-                    end
+                    behind[2] = ngx.thread.spawn(function()
+                        return tp.ov:push_task("mark", o.trace("behind2"))
+                    end)
                     out[#out + 1] = o.show(tp.ov:push_task("mark", o.trace("full")))
                 end
                 ngx.sleep(3.1)
                 release()
                 out[#out + 1] = o.show(select(2, ngx.thread.wait(late)))
-                for _, t in ipairs(queued) do
+                for _, t in ipairs(behind) do
                     out[#out + 1] = o.show(select(2, ngx.thread.wait(t)))
                 end
                 ngx.print(table.concat(out, " "))
@@ -253,17 +254,19 @@ fn a_task_whose_deadline_came_in_the_queue_never_runs() {
     let ngx = start(65536);
     measure(&ngx, "ov");
     // Queued with 4 s, 1 s or more ahead and 1 s or more to run; started
-    // no sooner than 3.1 s later, it could not end in time.
-    assert_eq!(ngx.get("/expire").text(), "wait=true nil,overloaded");
+    // no sooner than 3.1 s later, it could not end in time, and a task
+    // waits behind it.
+    assert_eq!(ngx.get("/expire").text(), "wait=true nil,overloaded mark");
     assert!(!traced(&ngx, "late"), "the late task ran");
+    assert!(traced(&ngx, "behind"));
     let s = stats(&ngx);
     for (k, want) in [
         ("expired", "1"),
         ("overloaded", "0"),
         ("cancelled", "0"),
         ("timed_out", "0"),
-        ("pushed", "3"),
-        ("completed", "2"),
+        ("pushed", "4"),
+        ("completed", "3"),
     ] {
         assert_eq!(s[k], want, "{k}: {s:?}");
     }
@@ -291,7 +294,7 @@ fn counters_under_a_known_mix() {
         assert!(!traced(&ngx, name), "{name} ran");
     }
     let s = stats(&ngx);
-    // run: the measure, the hold, q1, q2
+    // run: the measure, the hold, behind, behind2
     for (k, want) in [
         ("busy", "0"),
         ("queued", "0"),

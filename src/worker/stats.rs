@@ -298,14 +298,20 @@ impl PoolStats {
         estimate == 0 || wait == 0 || wait.saturating_add(estimate) <= timeout_us
     }
 
-    /// Whether a task queued at `queued_at` with `deadline` has become
-    /// late by `now`: it could have finished in time had it started at
-    /// once, by the run estimate, and can no longer. One that could not
-    /// even then (a caller's timeout shorter than the run time) still
-    /// runs, as it would on an idle pool.
+    /// Whether a thread should not start a task queued at `queued_at`
+    /// with `deadline` (pool threads, as it takes it): its deadline has
+    /// passed (its caller stops waiting, if it has not already), or, while
+    /// other tasks wait for a thread, the wait has made it late: it could
+    /// have finished in time had it started at once, by the run estimate,
+    /// and can no longer. Nobody waiting, the thread would idle: the task
+    /// runs, and may beat the estimate. One that could never finish in
+    /// time (a timeout shorter than the run time) runs as on an idle pool.
     pub fn late(&self, queued_at: Instant, deadline: Instant, now: Instant) -> bool {
+        if now >= deadline {
+            return true;
+        }
         let estimate = Duration::from_micros(self.run_estimate_us.load(Relaxed));
-        now + estimate > deadline && queued_at + estimate <= deadline
+        now + estimate > deadline && queued_at + estimate <= deadline && self.queued() > 0
     }
 
     pub fn add(counter: &AtomicU64) {
@@ -461,19 +467,23 @@ mod tests {
         assert!(!s.admits(1, 299_999));
     }
 
-    /// A queued task is late once it can no longer finish by its deadline
-    /// though it could have at its push; one that never could still runs.
+    /// A queued task is late once its deadline passed, or, with tasks
+    /// behind it, once it can no longer finish by its deadline though it
+    /// could have at its push; one that never could still runs.
     #[test]
     fn lateness() {
         let s = PoolStats::default();
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        assert!(!s.late(t0, t0 + ms(100), t0 + ms(100)), "nothing measured");
-        assert!(s.late(t0, t0 + ms(100), t0 + ms(101)));
+        assert!(!s.late(t0, t0 + ms(100), t0 + ms(99)), "nothing measured");
+        assert!(s.late(t0, t0 + ms(100), t0 + ms(100)), "passed");
         s.run_estimate_us.store(30_000, Relaxed);
+        assert!(!s.late(t0, t0 + ms(100), t0 + ms(71)), "nothing behind");
+        s.admitted.store(1, Relaxed);
         assert!(!s.late(t0, t0 + ms(100), t0 + ms(70)));
         assert!(s.late(t0, t0 + ms(100), t0 + ms(71)));
         assert!(!s.late(t0, t0 + ms(20), t0 + ms(10)), "never could");
+        assert!(s.late(t0, t0 + ms(20), t0 + ms(20)), "never could, passed");
     }
 
     #[test]
