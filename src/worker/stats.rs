@@ -105,8 +105,8 @@ impl Tally {
     /// Adds the counts to `stats` and starts again from 0.
     pub fn flush(&mut self, stats: &PoolStats) {
         let ran = self.completed + self.errors;
-        if ran > 0 {
-            stats.measured(self.run.sum_us / ran, ran);
+        if let Some(mean_us) = self.run.sum_us.checked_div(ran) {
+            stats.measured(mean_us, ran);
         }
         move_count(&mut self.completed, &stats.completed);
         move_count(&mut self.errors, &stats.errors);
