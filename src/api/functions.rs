@@ -526,10 +526,13 @@ fn admitted(pool: usize, n: usize, deadline: Option<Duration>) -> bool {
     let Some(deadline) = deadline else {
         return true;
     };
-    guard::catch(|| with_worker(|w| w.admit(pool, n, deadline).is_ok()))
+    let refused = |w: &mut crate::worker::Worker| {
+        matches!(w.admit(pool, n, deadline), Err(WorkerError::Overloaded))
+    };
+    !guard::catch(|| with_worker(refused))
         .ok()
         .flatten()
-        .unwrap_or(true)
+        .unwrap_or(false)
 }
 
 /// Arguments to encode a push in, from the worker's spares.
