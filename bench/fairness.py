@@ -95,7 +95,7 @@ OVERLOAD_SPREADS = {
 OVERLOAD_PLANS = {
     # loads: requests waiting on the pool per thread (slots / 24: a static
     # request returns at once, so nearly every slot waits on a thumbnail)
-    "full": dict(loads=(5, 10, 13, 20), ka_loads=(10, 20), secs=10, timeout_ms=500),
+    "full": dict(loads=(5, 10, 13.3, 20), ka_loads=(10, 20), secs=10, timeout_ms=500),
     "quick": dict(loads=(10, 20), ka_loads=(20,), secs=3, timeout_ms=500),
 }
 OVERLOAD_THREADS = 6
@@ -497,7 +497,7 @@ def measure_overload(plan, keepalive):
     loads = plan["ka_loads"] if keepalive else plan["loads"]
     threads = OVERLOAD_WORKERS * OVERLOAD_THREADS
     for load in loads:
-        slots = load * threads
+        slots = round(load * threads)
         for spread_name, spread in OVERLOAD_SPREADS.items():
             for policy, options in OVERLOAD_POLICIES.items():
                 mode = dict(workers=OVERLOAD_WORKERS, threads=OVERLOAD_THREADS,
