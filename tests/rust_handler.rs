@@ -338,10 +338,11 @@ fn stats_and_metrics_count_a_rust_pools_tasks() {
         return "ok""#;
     assert_eq!(run(&n, lua), "ok");
     // The timed-out task ran (completed) or, taken only after its caller
-    // gave up, was skipped (cancelled): one of the two.
+    // gave up or its deadline passed, was skipped (cancelled, expired):
+    // one of the two.
     let stats = r#"
         local s = tp.r:stats()
-        return s.pushed, " ", s.completed + s.cancelled, " ", s.errors, " ", s.timed_out, " ",
+        return s.pushed, " ", s.completed + s.cancelled + s.expired, " ", s.errors, " ", s.timed_out, " ",
                s.threads"#;
     assert!(
         eventually(Duration::from_secs(5), || run(&n, stats) == "6 4 2 1 1"),
@@ -422,7 +423,10 @@ const VMS: &str = r#"
             content_by_lua_block {
                 local tp = require "resty.threadpool"
                 local s = string.rep("x", 1048576)
-                ngx.print(tp.r:push_task_timeout(0.001, "late", s, 100))
+                -- a timeout that is no deadline: queued whatever waits
+                -- ahead (this VM's pool object goes with the request)
+                tp.r:set_timeout(0.001)
+                ngx.print(tp.r:push_task("late", s, 100))
             }
         }
         location /main {
@@ -430,10 +434,13 @@ const VMS: &str = r#"
                 local tp = require "resty.threadpool"
                 -- no cycle, so no reaping, before /mem
                 collectgarbage("stop")
+                -- timeouts that are no deadlines: all 8 queued
+                tp.r:set_timeout(0.001)
                 for i = 1, 8 do
                     local s = string.rep(string.char(96 + i), 1048576)
-                    assert(not tp.r:push_task_timeout(0.001, "late", s, 50))
+                    assert(not tp.r:push_task("late", s, 50))
                 end
+                tp.r:set_timeout(60)
                 ngx.print("gave up")
             }
         }
@@ -448,7 +455,7 @@ const VMS: &str = r#"
         location /stats {
             content_by_lua_block {
                 local st = require("resty.threadpool").r:stats()
-                ngx.print(st.completed + st.cancelled)
+                ngx.print(st.completed + st.cancelled + st.expired)
             }
         }
     }
