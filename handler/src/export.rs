@@ -66,11 +66,13 @@ impl Reply {
     /// # Safety
     /// `out` must be the module's, empty.
     unsafe fn send(mut self, out: *mut ngx_tp_out_t) -> c_int {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: out is the module's writer, empty (the contract), as write
+        // needs.
         if !unsafe { write(out, &self.buf) } {
             self.fail("results too large (or out of memory)");
-            // SAFETY: as above; the failed write appended nothing. If this
-            // one fails too the module gets an empty error payload.
+            // SAFETY: out is the module's writer, still empty: the failed
+            // write appended nothing. If this one fails too the module gets an
+            // empty error payload.
             unsafe { write(out, &self.buf) };
         }
         let status = self.status;

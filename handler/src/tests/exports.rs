@@ -93,7 +93,8 @@ fn start(config: Option<&str>) -> (c_int, *mut c_void, Vec<u8>) {
     };
     let mut state = ptr::null_mut();
     let mut err = Out::new(usize::MAX);
-    // SAFETY: as the module calls it.
+    // SAFETY: init, its strings and log_fn outlive the call; state and err are
+    // writable, as the module passes them.
     let rc = unsafe { ngx_threadpool_init(&init, &mut state, err.ptr()) };
     (rc, state, err.buf)
 }
@@ -102,7 +103,8 @@ fn start(config: Option<&str>) -> (c_int, *mut c_void, Vec<u8>) {
 fn run(state: *mut c_void, p: &[u8], flag: &AtomicBool, limit: usize) -> (c_int, Vec<u8>) {
     let raw = raw_task(p, &[], flag);
     let mut out = Out::new(limit);
-    // SAFETY: as the module calls it.
+    // SAFETY: state is what ngx_threadpool_init made; raw's payload and flag
+    // outlive the call, and out is an empty writer, as the module passes them.
     let rc = unsafe { ngx_threadpool_process(state, &raw.raw, out.ptr()) };
     (rc, out.buf)
 }
