@@ -211,7 +211,7 @@ fn err_is_nil_e_and_a_panic_leaves_the_thread_serving_with_its_state() {
 
 #[test]
 fn log_macros_write_at_their_levels_with_the_pool_name() {
-    let n = start_with("error_log logs/debug.log debug;", &rust_fixture().v1);
+    let mut n = start_with("error_log logs/debug.log debug;", &rust_fixture().v1);
     assert_eq!(run(&n, r#"return tostring(tp.r:push_task("log"))"#), "nil");
     let info = n.error_log();
     let debug = std::fs::read_to_string(n.dir.join("logs/debug.log")).unwrap();
@@ -233,6 +233,8 @@ fn log_macros_write_at_their_levels_with_the_pool_name() {
         let want = (shown_at != "debug").then_some(true);
         assert_eq!(found(&info), want, "{line} in the info log:\n{info}");
     }
+    // the handler's own line at level error
+    n.expect_errors(&["[error] *[native] log test error, thread pool: r"]);
     n.assert_clean_log();
 }
 
