@@ -207,18 +207,14 @@ fn the_unsafe_table_names_every_file_that_holds_unsafe() {
         }
         r
     };
-    for f in holding.difference(&documented) {
-        panic!(
-            "src/{f} holds unsafe but is not in lib.rs's unsafe table\n{}",
-            report()
-        );
-    }
-    for f in documented.difference(&holding) {
-        panic!(
-            "lib.rs's unsafe table names src/{f}, which holds no unsafe\n{}",
-            report()
-        );
-    }
+    let unlisted: Vec<_> = holding.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&holding).collect();
+    assert!(
+        unlisted.is_empty() && stale.is_empty(),
+        "lib.rs's unsafe table disagrees with the code: {unlisted:?} hold unsafe but are not in \
+         it, {stale:?} are in it but hold none\n{}",
+        report()
+    );
     assert!(holding.len() > 20, "{}", report());
 }
 
