@@ -204,6 +204,7 @@ fn runtime_error_in_init_chunk_is_logged_and_tasks_fail() {
     thread_pool_init_by_lua badinit "error('init exploded')";
     thread_pool_process_by_lua badinit "return ...";
 "#;
+    const LOGGED: &str = "[error]*thread pool \"badinit\"*init exploded";
     let case = Case::new("thread_pool badinit threads=1;")
         .http(http)
         .lua(
@@ -211,14 +212,13 @@ fn runtime_error_in_init_chunk_is_logged_and_tasks_fail() {
             r#"local res, err = tp.badinit:push_task("x")
                ngx.say(tostring(res), " | ", tostring(err))"#,
         )
-        .error_line("[error]*thread pool \"badinit\"*init exploded");
+        .error_line(LOGGED);
     let n = case.start();
     let pid = worker(&n);
     // Logged when the thread starts, before any task.
     assert!(common::eventually(Duration::from_secs(5), || {
         let log = n.error_log();
-        log.lines()
-            .any(|l| common::matches(l, "[error]*thread pool \"badinit\"*init exploded"))
+        log.lines().any(|l| common::matches(l, LOGGED))
     }));
     case.get("/", 200, "nil | *badinit*init exploded*")
         .get("/", 200, "nil | *badinit*init exploded*")
