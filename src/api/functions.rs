@@ -37,9 +37,10 @@ use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
 use crate::worker::tasks::{Caller, Release, RequestTasks};
-use crate::worker::{with_worker, WorkerError};
+use crate::worker::{with_worker, WorkerError, OVERLOADED};
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
+use std::time::Duration;
 
 /// Return codes, as lua-resty-core's C functions return them.
 pub const OK: c_int = 0;
@@ -52,7 +53,7 @@ pub const BAD_CONTEXT: c_int = -101;
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
 /// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 11;
+pub const API_VERSION: c_int = 12;
 
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
 /// table, for the shim's stats); where a push may wait is `yieldable`
@@ -341,8 +342,9 @@ unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
     }
 }
 
-/// `id = pool_id(name)`: the id of the pool `name` (0-based), -1 if no
-/// pool of that name has a process handler. Read from the configuration,
+/// `id, deadline_ms = pool_id(name)`: the id of the pool `name` (0-based),
+/// -1 if no pool of that name has a process handler, and its
+/// `thread_pool_deadline` in ms (nil: none). Read from the configuration,
 /// so it also answers before the worker's threads exist
 /// (init_worker_by_lua runs first).
 unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
@@ -353,13 +355,16 @@ unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
         let mut len = 0;
         let data = lua::lua_tolstring(l, 1, &mut len);
         let name = std::slice::from_raw_parts(data.cast::<u8>(), len);
-        let id = crate::conf::running_pools()
-            .iter()
-            .position(|p| p.name.as_bytes() == name)
-            .map_or(-1, |id| id as lua::lua_Integer);
-        lua::lua_pushinteger(l, id);
+        let pools = crate::conf::running_pools();
+        let id = pools.iter().position(|p| p.name.as_bytes() == name);
+        lua::lua_pushinteger(l, id.map_or(-1, |id| id as lua::lua_Integer));
+        // within the range of a timeout (ms_arg)
+        match id.and_then(|id| pools[id].settings.deadline) {
+            Some(d) => lua::lua_pushinteger(l, d.as_millis().min(c_int::MAX as u128) as _),
+            None => lua::lua_pushnil(l),
+        }
     }
-    1
+    2
 }
 
 /// `counters = stats(pool)`: this worker's counters of pool `pool`, an
@@ -404,25 +409,31 @@ unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
     0
 }
 
-/// `ok, err = push(pool, timeout_ms, ...)`: queues one task and waits:
+/// `ok, err = push(pool, timeout_ms, deadline, ...)`: queues one task and waits:
 /// the coroutine yields until the task is done (true) or the timeout
 /// (false, "timeout"), then takes the results with `result()` or lets go
 /// of the task with `release()`. The wait is started and yielded here, in
 /// one call, so that no Lua code can start a wait and not yield for it.
-/// Nothing queued: DECLINED when the queue is full, BAD_CONTEXT where it
-/// may not wait, ERROR and a message.
+/// With `deadline` true, the timeout is also the push's deadline. Nothing
+/// queued: DECLINED when the queue is full, BAD_CONTEXT where it may not
+/// wait, ERROR and a message ("overloaded" when the pool cannot finish the
+/// task before its deadline).
 unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the arguments are checked before anything
-    // else; the values are at 3..=top.
+    // else; the values are at 4..=top.
     unsafe {
         let pool = pool_arg(l, 1, c"push");
         let ms = ms_arg(l, 2, c"push");
-        let n = (lua::lua_gettop(l) - 2).max(0) as usize;
+        let deadline = deadline_arg(l, 3, c"push", ms);
+        if !admitted(pool, 1, deadline) {
+            return refused(l, ERROR, OVERLOADED);
+        }
+        let n = (lua::lua_gettop(l) - 3).max(0) as usize;
         let borrow = borrow_of(l, pool);
         let mut args = new_args();
         if let Err(e) = codec::write_values(
             l,
-            Source::Stack(3),
+            Source::Stack(4),
             n,
             "argument",
             borrow,
@@ -432,27 +443,31 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
             return refused(l, ERROR, &e.to_string());
         }
         args.end_part();
-        queue(l, pool, ms, args, Values::Stack(3, n), borrow)
+        queue(l, pool, (ms, deadline), args, Values::Stack(4, n), borrow)
     }
 }
 
-/// `ok, err = push_batch(pool, timeout_ms, list, count)`: as push, one
+/// `ok, err = push_batch(pool, timeout_ms, deadline, list, count)`: as push, one
 /// task per entry of list[1..count], count <= #list, an argument table
 /// whose `n` field, when a number, counts its values; the results come
 /// with `results()`. One record, one wait.
 unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the arguments are checked before anything
-    // else (list at 3, a table); each entry is pushed at 5, above the
+    // else (list at 4, a table); each entry is pushed at 6, above the
     // count, with the walk's slots reserved above it.
     unsafe {
         let f = c"push_batch";
         let pool = pool_arg(l, 1, f);
         let ms = ms_arg(l, 2, f);
-        check_type(l, 3, f, lua::LUA_TTABLE);
-        let len = lua::lua_objlen(l, 3) as f64;
-        let count = int_arg(l, 4, f, (1.0, len), c"count out of range: 1 to #list") as usize;
+        let deadline = deadline_arg(l, 3, f, ms);
+        check_type(l, 4, f, lua::LUA_TTABLE);
+        let len = lua::lua_objlen(l, 4) as f64;
+        let count = int_arg(l, 5, f, (1.0, len), c"count out of range: 1 to #list") as usize;
+        if !admitted(pool, count, deadline) {
+            return refused(l, ERROR, OVERLOADED);
+        }
         let borrow = borrow_of(l, pool);
-        lua::lua_settop(l, 4);
+        lua::lua_settop(l, 5);
         if !codec::reserve_walk(l, 2) {
             return refused(l, ERROR, &codec::stack_overflow().to_string());
         }
@@ -460,12 +475,12 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
         let mut counts = Vec::with_capacity(count);
         // An entry stays on the stack only while it is walked: a batch
         // may hold more tasks than a C function's stack may hold values.
-        const ENTRY: c_int = 5;
+        const ENTRY: c_int = 6;
         // One guard for the whole list: nothing in it raises (raw reads,
         // and walks whose slots are reserved).
         let walked = guard::catch(|| {
             for i in 1..=count {
-                lua::lua_rawgeti_(l, 3, i as c_int);
+                lua::lua_rawgeti_(l, 4, i as c_int);
                 if lua::lua_type(l, ENTRY) != lua::LUA_TTABLE {
                     return Err(format!("task {i}: expected a table of arguments"));
                 }
@@ -488,18 +503,55 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
                     &mut args.spans,
                 )
                 .map_err(|e| format!("task {i}: {e}"))?;
-                lua::lua_settop(l, 4);
+                lua::lua_settop(l, 5);
                 args.end_part();
                 counts.push(n);
             }
             Ok(())
         });
-        if let Err(msg) = walked.unwrap_or_else(|panic| Err(format!("panic: {panic}"))) {
-            lua::lua_settop(l, 4);
+        if let Err(msg) = walked.unwrap_or_else(|panic| Err(ngx_threadpool_wire::panicked(panic))) {
+            lua::lua_settop(l, 5);
             return refused(l, ERROR, &msg);
         }
-        queue(l, pool, ms, args, Values::List(3, &counts), borrow)
+        queue(
+            l,
+            pool,
+            (ms, deadline),
+            args,
+            Values::List(4, &counts),
+            borrow,
+        )
     }
+}
+
+/// Argument `i` of `f`: whether the timeout `ms` is also the push's
+/// deadline, which it then is from now.
+///
+/// # Safety
+/// As bad_argument.
+unsafe fn deadline_arg(l: *mut lua_State, i: c_int, f: &CStr, ms: c_int) -> Option<Duration> {
+    // SAFETY: l is the running state of a function Lua called, owning nothing
+    // (bad_argument's contract), as check_type needs; reading a boolean
+    // neither allocates nor raises.
+    unsafe {
+        check_type(l, i, f, lua::LUA_TBOOLEAN);
+        (lua::lua_toboolean(l, i) != 0).then(|| Duration::from_millis(ms as u64))
+    }
+}
+
+/// Whether `n` tasks with `deadline` may be pushed to pool `pool`: always
+/// without one (or outside a worker, where the push fails on its own).
+fn admitted(pool: usize, n: usize, deadline: Option<Duration>) -> bool {
+    let Some(deadline) = deadline else {
+        return true;
+    };
+    let refused = |w: &mut crate::worker::Worker| {
+        matches!(w.admit(pool, n, deadline), Err(WorkerError::Overloaded))
+    };
+    !guard::catch(|| with_worker(refused))
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 /// Arguments to encode a push in, from the worker's spares.
@@ -508,7 +560,8 @@ fn new_args() -> Args {
 }
 
 /// What push and push_batch share: anchors the borrowed strings, queues
-/// the tasks and starts the wait, and yields for it (the value of their
+/// the tasks and starts the wait of `timeout` (ms, and the deadline
+/// from now if it is one), and yields for it (the value of their
 /// `return`), or pushes what the shim gets at once.
 ///
 /// # Safety
@@ -516,7 +569,7 @@ fn new_args() -> Args {
 unsafe fn queue(
     l: *mut lua_State,
     pool: usize,
-    ms: c_int,
+    timeout: (c_int, Option<Duration>),
     args: Args,
     values: Values,
     borrow: Option<Borrow>,
@@ -530,8 +583,8 @@ unsafe fn queue(
         let Some(anchor) = anchor(l, values, borrow, &args.spans) else {
             return refused(l, ERROR, "an argument changed while it was pushed");
         };
-        let queued = guard::catch(|| queue_and_wait(l, pool, ms, args, anchor))
-            .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));
+        let queued = guard::catch(|| queue_and_wait(l, pool, timeout, args, anchor))
+            .unwrap_or_else(|panic| Queued::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
         match queued {
             // lua_yield only marks the coroutine (it yields when this
             // function returns its value): the coroutine was found able
@@ -589,7 +642,13 @@ unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Caller), ()>> 
 }
 
 /// Queues the tasks for the running coroutine and starts its wait.
-fn queue_and_wait(l: *mut lua_State, pool: usize, ms: c_int, args: Args, anchor: u64) -> Queued {
+fn queue_and_wait(
+    l: *mut lua_State,
+    pool: usize,
+    (ms, deadline): (c_int, Option<Duration>),
+    args: Args,
+    anchor: u64,
+) -> Queued {
     // SAFETY: l is the running coroutine (queue's contract).
     let (r, caller) = match unsafe { caller_of(l) } {
         None => return Queued::Refused(BAD_CONTEXT, String::new()),
@@ -605,7 +664,7 @@ fn queue_and_wait(l: *mut lua_State, pool: usize, ms: c_int, args: Args, anchor:
         // SAFETY: the caller's list lives in r->pool and unlinks its
         // records when that pool is destroyed; the shim's stack anchors
         // the borrowed strings.
-        let task = match unsafe { w.push(pool, Some(caller), args, anchor) } {
+        let task = match unsafe { w.push(pool, Some(caller), args, anchor, deadline) } {
             Ok(task) => task,
             Err(WorkerError::QueueFull) => return Queued::Refused(DECLINED, String::new()),
             Err(e) => return Queued::Refused(ERROR, e.to_string()),
@@ -654,7 +713,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
         args.end_part();
         let posted = guard::catch(|| {
             // SAFETY: a posted task has no owner and borrows nothing.
-            with_worker(|w| w.push(pool, None, args, 0))
+            with_worker(|w| w.push(pool, None, args, 0, None))
         });
         match posted {
             Ok(Some(Ok(_))) => {
@@ -665,7 +724,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
             Ok(Some(Err(e))) => refused(l, ERROR, &e.to_string()),
             Ok(None) if in_init_worker(request_of(l)) => refused(l, ERROR, NOT_STARTED),
             Ok(None) => refused(l, ERROR, "not in a worker process with running pools"),
-            Err(panic) => refused(l, ERROR, &format!("panic: {panic}")),
+            Err(panic) => refused(l, ERROR, &ngx_threadpool_wire::panicked(panic)),
         }
     }
 }

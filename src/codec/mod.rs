@@ -64,7 +64,7 @@ pub unsafe fn push_values(
     // SAFETY: the spans' bytes are alive (the contract); decoding reads only
     // them and `bytes`, and raises nothing.
     let decoded = guard::catch(|| unsafe { decode(bytes, spans, ops) })
-        .map_err(|panic| CodecError::BadPayload(format!("panic: {panic}")))??;
+        .map_err(|panic| CodecError::BadPayload(ngx_threadpool_wire::panicked(panic)))??;
     // SAFETY: l is a live state of this thread, where a Lua error may unwind
     // (the contract); the ops come from the decoder, whose deepest value needs
     // NEST_SLOTS.
@@ -122,7 +122,10 @@ pub unsafe fn read_entries<'a>(
         // the payload being read when it panicked: its steps are dropped
         let end = read.last().map_or(0, |&(_, end)| end);
         ops.truncate(end);
-        read.push((Err(CodecError::BadPayload(format!("panic: {panic}"))), end));
+        read.push((
+            Err(CodecError::BadPayload(ngx_threadpool_wire::panicked(panic))),
+            end,
+        ));
     }
     Entries { ops, read }
 }

@@ -49,7 +49,7 @@ impl fmt::Display for LoadError {
                 f,
                 "cannot load \"{path}\": it is built for handler ABI version {found}, \
                  this module runs version {}",
-                abi::ABI_VERSION
+                abi::NGX_THREADPOOL_ABI_VERSION
             ),
         }
     }
@@ -89,7 +89,7 @@ impl Library {
         // nothing and returning the ABI's version; the library stays loaded
         // (dl) across the call.
         let found = unsafe { version() };
-        if found != abi::ABI_VERSION {
+        if found != abi::NGX_THREADPOOL_ABI_VERSION {
             return Err(LoadError::Abi { path: shown, found });
         }
         Ok(Library {

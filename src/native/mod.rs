@@ -55,17 +55,17 @@ impl State {
             log,
             suffix: log::pool_suffix(pool),
         });
-        let init = abi::Init {
-            pool: Span::of(pool.as_bytes()),
+        let init = abi::ngx_tp_init_t {
+            pool: abi::bytes(pool.as_bytes()),
             config: spec.config.as_deref().map_or(
-                Span {
+                abi::ngx_tp_bytes_t {
                     data: std::ptr::null(),
                     len: 0,
                 },
-                Span::of,
+                abi::bytes,
             ),
             thread: thread as c_uint,
-            log_fn: log_line,
+            log_fn: Some(log_line),
             log: (&raw const *log_to).cast(),
         };
         let mut err = Vec::new();
@@ -103,11 +103,12 @@ impl State {
         out: &mut Vec<u8>,
         cancel: &Cancel,
     ) -> Outcome {
-        let task = abi::Task {
-            args: Span::of(args),
-            spans: spans.as_ptr(),
+        let task = abi::ngx_tp_task_t {
+            args: abi::bytes(args),
+            // a Span has ngx_tp_bytes_t's layout (abi.rs checks it)
+            spans: spans.as_ptr().cast(),
             nspans: spans.len(),
-            cancelled,
+            cancelled: Some(cancelled),
             module: (cancel as *const Cancel).cast(),
         };
         let mut sink = Sink::new(out);
@@ -158,9 +159,9 @@ impl<'a> Sink<'a> {
 
     /// The writer handed to the library, pointing at this sink: used only
     /// while the sink is borrowed for the call.
-    fn out(&mut self) -> abi::Out {
-        abi::Out {
-            write,
+    fn out(&mut self) -> abi::ngx_tp_out_t {
+        abi::ngx_tp_out_t {
+            write: Some(write),
             module: (self as *mut Sink).cast(),
         }
     }
@@ -189,7 +190,7 @@ impl<'a> Sink<'a> {
 }
 
 /// `ngx_tp_out_t.write`.
-unsafe extern "C" fn write(out: *mut abi::Out, data: *const u8, len: usize) -> c_int {
+unsafe extern "C" fn write(out: *mut abi::ngx_tp_out_t, data: *const u8, len: usize) -> c_int {
     guard::catch(|| {
         // SAFETY: out is the writer of Sink::out, whose module points to
         // the sink, alive and not otherwise borrowed during the call; data
@@ -203,7 +204,7 @@ unsafe extern "C" fn write(out: *mut abi::Out, data: *const u8, len: usize) -> c
 }
 
 /// `ngx_tp_task_t.cancelled`.
-unsafe extern "C" fn cancelled(task: *const abi::Task) -> c_int {
+unsafe extern "C" fn cancelled(task: *const abi::ngx_tp_task_t) -> c_int {
     // SAFETY: task is the one run() passed, whose module is the task's
     // cancellation flag, alive during the call.
     c_int::from(unsafe { (*(*task).module.cast::<Cancel>()).is_cancelled() })
@@ -216,7 +217,8 @@ unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, 
         // SAFETY: log is the LogTo of State::new, alive for the state's
         // life; msg holds len bytes (the header's contract).
         let (to, msg) = unsafe { (&*log.cast::<LogTo>(), crate::ngx::shim::bytes(msg, len)) };
-        let level = level.clamp(abi::LOG_ERR, abi::LOG_DEBUG) as u32;
+        let level =
+            level.clamp(abi::NGX_TP_LOG_ERR as c_int, abi::NGX_TP_LOG_DEBUG as c_int) as u32;
         match to.log {
             Some(l) => l.write_parts(level, &[b"[native] ", msg, to.suffix.as_bytes()]),
             None => eprintln!("[native] {}{}", String::from_utf8_lossy(msg), to.suffix),
