@@ -282,7 +282,8 @@ impl Worker {
         }
         let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
         let task = match caller {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: caller.tasks is live until it is dropped, which unlinks
+            // its records (the contract), as start needs.
             Some(caller) => match unsafe { self.tasks.start(caller, index, anchor) } {
                 Ok(task) => task,
                 Err(e) => {
