@@ -38,6 +38,7 @@ pub mod run;
 pub mod settings;
 pub mod spin;
 pub mod status;
+pub mod stream;
 pub mod vm;
 pub mod worker;
 

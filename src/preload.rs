@@ -36,7 +36,7 @@ use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
 use crate::worker::payload::{Args, Payload};
-use crate::worker::tasks::{Caller, Release, RequestTasks};
+use crate::worker::tasks::{Caller, Read, Release, RequestTasks, TaskId};
 use crate::worker::{with_worker, WorkerError};
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
@@ -52,7 +52,7 @@ pub const BAD_CONTEXT: c_int = -101;
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
 /// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 11;
+pub const API_VERSION: c_int = 12;
 
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
 /// table, for the shim's stats); where a push may wait is `yieldable`
@@ -69,7 +69,7 @@ const N_KEY: c_int = lua::lua_upvalueindex(2);
 /// Called by Lua, as a lua_CFunction, on the event loop.
 pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
-    let functions: [(&CStr, F); 9] = [
+    let functions: [(&CStr, F); 12] = [
         (c"pool_id", pool_id),
         (c"stats", stats),
         (c"push", push),
@@ -79,6 +79,9 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         (c"results", results),
         (c"release", release),
         (c"reap", reap),
+        (c"push_stream", push_stream),
+        (c"read", read),
+        (c"close", close),
     ];
     // SAFETY: a loader runs as a Lua function on the event loop, with
     // LUA_MINSTACK free slots; it only pushes and sets fields (raising
@@ -415,7 +418,7 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
             return refused(l, ERROR, &e.to_string());
         }
         args.end_part();
-        queue(l, pool, ms, args, Values::Stack(3, n), borrow)
+        queue(l, pool, Mode::Wait(ms), args, Values::Stack(3, n), borrow)
     }
 }
 
@@ -481,7 +484,14 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
             lua::lua_settop(l, 4);
             return refused(l, ERROR, &msg);
         }
-        queue(l, pool, ms, args, Values::List(3, &counts), borrow)
+        queue(
+            l,
+            pool,
+            Mode::Wait(ms),
+            args,
+            Values::List(3, &counts),
+            borrow,
+        )
     }
 }
 
@@ -490,16 +500,26 @@ fn new_args() -> Args {
     with_worker(|w| w.tasks.args()).unwrap_or_default()
 }
 
-/// What push and push_batch share: anchors the borrowed strings, queues
-/// the tasks and starts the wait, and yields for it (the value of their
-/// `return`), or pushes what the shim gets at once.
+/// What a push does once its tasks are queued.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Waits for them this long (ms).
+    Wait(c_int),
+    /// Starts a stream of at most this many unread chunks, and waits for
+    /// nothing: its reads wait.
+    Stream(usize),
+}
+
+/// What push, push_batch and push_stream share: anchors the borrowed
+/// strings, queues the tasks and starts the wait, and yields for it (the
+/// value of their `return`), or pushes what the shim gets at once.
 ///
 /// # Safety
 /// As refused, with `args` encoded from `values`.
 unsafe fn queue(
     l: *mut lua_State,
     pool: usize,
-    ms: c_int,
+    mode: Mode,
     args: Args,
     values: Values,
     borrow: Option<Borrow>,
@@ -510,7 +530,7 @@ unsafe fn queue(
         let Some(anchor) = anchor(l, values, borrow, &args.spans) else {
             return refused(l, ERROR, "an argument changed while it was pushed");
         };
-        let queued = guard::catch(|| queue_and_wait(l, pool, ms, args, anchor))
+        let queued = guard::catch(|| queue_and_wait(l, pool, mode, args, anchor))
             .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));
         match queued {
             // lua_yield only marks the coroutine (it yields when this
@@ -519,6 +539,10 @@ unsafe fn queue(
             Queued::Waiting(AGAIN) => lua::lua_yield(l, 0),
             Queued::Waiting(_) => {
                 lua::lua_pushboolean(l, 1);
+                1
+            }
+            Queued::Stream(id) => {
+                lua::lua_pushnumber(l, id as f64);
                 1
             }
             Queued::Refused(rc, msg) => {
@@ -538,6 +562,8 @@ unsafe fn queue(
 enum Queued {
     /// Queued; the wait's code (AGAIN or OK).
     Waiting(c_int),
+    /// A stream started: its record.
+    Stream(TaskId),
     /// Nothing queued: the code and message.
     Refused(c_int, String),
     /// Queued, but the wait failed: the tasks run for no one.
@@ -569,7 +595,7 @@ unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Caller), ()>> 
 }
 
 /// Queues the tasks for the running coroutine and starts its wait.
-fn queue_and_wait(l: *mut lua_State, pool: usize, ms: c_int, args: Args, anchor: u64) -> Queued {
+fn queue_and_wait(l: *mut lua_State, pool: usize, mode: Mode, args: Args, anchor: u64) -> Queued {
     // SAFETY: l is the running coroutine (queue's contract).
     let (r, caller) = match unsafe { caller_of(l) } {
         None => return Queued::Refused(BAD_CONTEXT, String::new()),
@@ -581,15 +607,22 @@ fn queue_and_wait(l: *mut lua_State, pool: usize, ms: c_int, args: Args, anchor:
         return Queued::Refused(ERROR, NOT_YIELDABLE.into());
     }
     let queued = with_worker(|w| {
+        let stream = match mode {
+            Mode::Stream(bound) => Some(bound),
+            Mode::Wait(_) => None,
+        };
         // SAFETY: the caller's list lives in r->pool and unlinks its
         // records when that pool is destroyed; the shim's stack anchors
         // the borrowed strings.
-        let task = match unsafe { w.push(pool, Some(caller), args, anchor) } {
+        let task = match unsafe { w.push(pool, Some(caller), args, anchor, stream) } {
             Ok(task) => task,
             Err(WorkerError::QueueFull) => return Queued::Refused(DECLINED, String::new()),
             Err(e) => return Queued::Refused(ERROR, e.to_string()),
         };
         crate::worker::gate::pushed(r.connection_number());
+        let Mode::Wait(ms) = mode else {
+            return Queued::Stream(task);
+        };
         let mut buf = [0u8; 256];
         let mut len = buf.len();
         // SAFETY: a stack buffer for the message.
@@ -633,7 +666,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
         args.end_part();
         let posted = guard::catch(|| {
             // SAFETY: a posted task has no owner and borrows nothing.
-            with_worker(|w| w.push(pool, None, args, 0))
+            with_worker(|w| w.push(pool, None, args, 0, None))
         });
         match posted {
             Ok(Some(Ok(_))) => {
@@ -697,22 +730,43 @@ unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
             return nil_and(l, "no result");
         };
         lua::lua_settop(l, 0);
-        let n = match results.first() {
+        let n = push_result(l, &results, 1);
+        recycle(results);
+        n
+    }
+}
+
+/// Pushes the handler's return values of the first of `results` above
+/// `keep` slots, or nil and its error: how many values the function
+/// returns (the kept slots included).
+///
+/// # Safety
+/// As refused, with `keep` values on the stack; the payloads' borrowed
+/// strings alive.
+unsafe fn push_result(l: *mut lua_State, results: &[Payload], keep: c_int) -> c_int {
+    // SAFETY: forwarded; on an error the stack is put back to `keep`
+    // before nil and the message.
+    unsafe {
+        let failed = |l, msg: &str| {
+            lua::lua_settop(l, keep - 1);
+            lua::lua_pushnil(l);
+            lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
+            keep + 1
+        };
+        match results.first() {
             Some(p) if p.failed => {
                 lua::lua_pushnil(l);
                 match codec::push_values(l, &p.bytes, &p.spans) {
-                    Ok(_) => 2,
-                    Err(e) => nil_and(l, &e.to_string()),
+                    Ok(_) => keep + 1,
+                    Err(e) => failed(l, &e.to_string()),
                 }
             }
             Some(p) => match codec::push_values(l, &p.bytes, &p.spans) {
-                Ok(n) => n as c_int,
-                Err(e) => nil_and(l, &e.to_string()),
+                Ok(n) => keep - 1 + n as c_int,
+                Err(e) => failed(l, &e.to_string()),
             },
-            None => nil_and(l, "no result"),
-        };
-        recycle(results);
-        n
+            None => failed(l, "no result"),
+        }
     }
 }
 
@@ -793,5 +847,181 @@ unsafe extern "C-unwind" fn release(l: *mut lua_State) -> c_int {
             Some(())
         })
     });
+    0
+}
+
+/// What `read` pushes first: a chunk follows, or the handler's return
+/// values (or nil and its error) follow.
+const CHUNK: c_int = 1;
+const DONE: c_int = 2;
+
+/// The most a stream's id can be: generation < 2^20 above 32 bits.
+const MAX_ID: f64 = 9_007_199_254_740_991.0;
+
+/// `id = push_stream(pool, chunks, ...)`: queues one task whose handler
+/// may send chunks, at most `chunks` unread (0: the pool's
+/// thread_pool_stream_chunks), and returns the stream's id at once; its
+/// chunks and results come with `read(id, ms)`. Refusals as push.
+unsafe extern "C-unwind" fn push_stream(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else; the values are at 3..=top.
+    unsafe {
+        let f = c"push_stream";
+        let pool = pool_arg(l, 1, f);
+        let max = crate::settings::STREAM_CHUNKS_MAX as f64;
+        let chunks = int_arg(l, 2, f, (0.0, max), c"chunks out of range: 1 to 65536") as usize;
+        let chunks = match chunks {
+            0 => crate::conf::running_pools()
+                .get(pool)
+                .map_or(1, |p| p.settings.stream_chunks),
+            n => n,
+        };
+        let n = (lua::lua_gettop(l) - 2).max(0) as usize;
+        let borrow = borrow_of(l, pool);
+        let mut args = new_args();
+        if let Err(e) = codec::write_values(
+            l,
+            Source::Stack(3),
+            n,
+            "argument",
+            borrow,
+            &mut args.bytes,
+            &mut args.spans,
+        ) {
+            return refused(l, ERROR, &e.to_string());
+        }
+        args.end_part();
+        queue(
+            l,
+            pool,
+            Mode::Stream(chunks),
+            args,
+            Values::Stack(3, n),
+            borrow,
+        )
+    }
+}
+
+/// What a read got.
+enum Got {
+    Chunk(Payload),
+    Results(Vec<Payload>, u64),
+    /// The coroutine waits on the stream's semaphore: yield (AGAIN), or
+    /// read again at once (OK: a resource was there).
+    Waiting(c_int),
+    Refused(c_int, String),
+}
+
+/// `code, values... = read(id, timeout_ms)`: the next of the running
+/// coroutine's stream `id`: CHUNK and the chunk, or, once every chunk was
+/// read and the handler returned, DONE and its return values (or nil and
+/// its error). Else the coroutine waits for the next of them, at most
+/// `timeout_ms`, and yields: true when there may be one (read again),
+/// false and "timeout". A negative code and a message: nothing to wait
+/// for (no such stream of this coroutine's, or the wait refused).
+unsafe extern "C-unwind" fn read(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else; what is taken is a local here, so an error raised while the
+    // values are built drops it.
+    unsafe {
+        let f = c"read";
+        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
+        let ms = ms_arg(l, 2, f);
+        let (r, caller) = match caller_of(l) {
+            None => return refused(l, BAD_CONTEXT, ""),
+            Some(Err(())) => return refused(l, ERROR, "no memory"),
+            Some(Ok(found)) => found,
+        };
+        let got = guard::catch(|| {
+            with_worker(|w| {
+                let Some(id) = w.tasks.stream_of(caller, id) else {
+                    return Got::Refused(ERROR, STREAM_CLOSED.into());
+                };
+                match w.tasks.read_stream(id) {
+                    Read::Chunk(chunk) => Got::Chunk(chunk),
+                    Read::Done => match w.tasks.take_result(id) {
+                        Some((results, anchor)) => Got::Results(results, anchor),
+                        None => Got::Refused(ERROR, STREAM_CLOSED.into()),
+                    },
+                    Read::Gone => Got::Refused(ERROR, STREAM_CLOSED.into()),
+                    Read::Wait => {
+                        if !may_suspend(l) {
+                            return Got::Refused(ERROR, NOT_YIELDABLE.into());
+                        }
+                        let mut buf = [0u8; 256];
+                        let mut len = buf.len();
+                        // SAFETY: a stack buffer for the message.
+                        let err = ErrOut::new(buf.as_mut_ptr(), &mut len);
+                        match w.tasks.sema(id) {
+                            Some(sema) => match crate::ngx::shim::wait(sema, &r, ms, &err) {
+                                ERROR => Got::Refused(
+                                    ERROR,
+                                    String::from_utf8_lossy(&buf[..len]).into_owned(),
+                                ),
+                                rc => Got::Waiting(rc),
+                            },
+                            None => Got::Refused(ERROR, STREAM_CLOSED.into()),
+                        }
+                    }
+                }
+            })
+            .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
+        })
+        .unwrap_or_else(|panic| Got::Refused(ERROR, format!("panic: {panic}")));
+        lua::lua_settop(l, 0);
+        match got {
+            Got::Waiting(AGAIN) => lua::lua_yield(l, 0),
+            Got::Waiting(_) => {
+                lua::lua_pushboolean(l, 1);
+                1
+            }
+            Got::Refused(rc, msg) => refused(l, rc, &msg),
+            Got::Chunk(chunk) => {
+                lua::lua_pushinteger(l, CHUNK as lua::lua_Integer);
+                let results = vec![chunk];
+                let n = push_result(l, &results, 2);
+                recycle(results);
+                n
+            }
+            Got::Results(results, anchor) => {
+                if anchor != 0 {
+                    unanchor(l, &[anchor]);
+                }
+                lua::lua_pushinteger(l, DONE as lua::lua_Integer);
+                let n = push_result(l, &results, 2);
+                recycle(results);
+                n
+            }
+        }
+    }
+}
+
+/// What a read of a stream that is no longer there gets.
+const STREAM_CLOSED: &str = "stream closed";
+
+/// `close(id, timed_out)`: the running coroutine lets go of its stream
+/// `id` (its read timed out, when `timed_out` is true): a running handler
+/// is cancelled (its sends fail at once), unread chunks are dropped.
+unsafe extern "C-unwind" fn close(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked first.
+    unsafe {
+        let id = int_arg(l, 1, c"close", (1.0, MAX_ID), c"not a stream") as TaskId;
+        let why = if lua::lua_toboolean(l, 2) != 0 {
+            Release::Timeout
+        } else {
+            Release::Closed
+        };
+        let Some(Ok((_, caller))) = caller_of(l) else {
+            return 0;
+        };
+        let _ = guard::catch(|| {
+            with_worker(|w| {
+                let id = w.tasks.stream_of(caller, id)?;
+                crate::ngx::log::debug(format_args!("stream {id:#x} closed by its caller"));
+                drop(w.tasks.release(id, why));
+                Some(())
+            })
+        });
+    }
     0
 }

@@ -22,7 +22,7 @@ local type = type
 local floor = math.floor
 
 -- The module's C functions on this VM's stack (src/preload.rs).
-local API_VERSION = 11
+local API_VERSION = 12
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -45,6 +45,9 @@ local c_release = core.release
 local c_reap = core.reap
 local c_pool_id = core.pool_id
 local c_stats = core.stats
+local c_push_stream = core.push_stream
+local c_read = core.read
+local c_close = core.close
 
 local FFI_OK = 0
 local FFI_DECLINED = -5
@@ -164,6 +167,15 @@ end
 local Pool = {}
 Pool.__index = Pool
 
+-- A stream (push_stream): read by the coroutine that pushed it.
+local Stream = {}
+Stream.__index = Stream
+
+-- read's first value (src/preload.rs): a chunk follows, or the end.
+local READ_CHUNK = 1
+local READ_DONE = 2
+local MAX_CHUNKS = 65536
+
 -- A method called on something else than a pool (pool.push_task(...)):
 -- only a pool has Pool as its metatable.
 local function check_self(self, method)
@@ -198,6 +210,101 @@ end
 function Pool.push_tasks_timeout(self, seconds, list)
     check_self(self, "push_tasks_timeout")
     return push_batch(self, timeout_ms(seconds), list)
+end
+
+-- What read returns for what c_read gave: a chunk; or, at the end
+-- (s.done), the handler's return values or nil and its error; or, after a
+-- wait, the next read (true) or the timeout, which cancels the handler.
+local function read_values(s, ms, rc, ...)
+    if rc == READ_CHUNK then
+        return ...
+    end
+    if rc == READ_DONE then
+        s.done = true
+        return ...
+    end
+    if rc == true then
+        return read_values(s, ms, c_read(s.id, ms))
+    end
+    if rc == false then
+        s.done = true
+        c_close(s.id, true)
+        return nil, ...
+    end
+    if rc == FFI_BAD_CONTEXT then
+        bad_context("read")
+    end
+    return nil, ...
+end
+
+local function push_stream(pool, chunks, ...)
+    local id, err = c_push_stream(pool.id, chunks, ...)
+    if type(id) == "number" and id > 0 then
+        return setmetatable({ id = id, done = false,
+                              timeout_ms = pool.timeout_ms }, Stream)
+    end
+    return refused(id, err, "push_stream")
+end
+
+-- Runs the pool's handler with the given arguments in a pool thread as a
+-- stream: its chunks (resty.threadpool's send() in the handler) come with
+-- s:read(), at most the pool's thread_pool_stream_chunks unread, then its
+-- return values. Returns the stream at once, or nil and an error.
+function Pool.push_stream(self, ...)
+    check_self(self, "push_stream")
+    return push_stream(self, 0, ...)
+end
+
+-- As push_stream, with options: chunks (the most unread chunks, 1 to
+-- 65536) and timeout (the default of each read, in seconds).
+function Pool.push_stream_opts(self, opts, ...)
+    check_self(self, "push_stream_opts")
+    if type(opts) ~= "table" then
+        error("bad opts: expected a table", 2)
+    end
+    local chunks = opts.chunks or 0
+    if chunks ~= 0 and (type(chunks) ~= "number" or chunks ~= floor(chunks)
+                        or chunks < 1 or chunks > MAX_CHUNKS) then
+        error("bad opts.chunks: expected a whole number from 1 to "
+              .. MAX_CHUNKS, 2)
+    end
+    local s, err = push_stream(self, chunks, ...)
+    if s and opts.timeout ~= nil then
+        s.timeout_ms = timeout_ms(opts.timeout)
+    end
+    return s, err
+end
+
+local function check_stream(s, method)
+    if getmetatable(s) ~= Stream then
+        error("bad self: call it as stream:" .. method .. "(...)", 3)
+    end
+end
+
+-- The next chunk the handler sent, in order, waiting for it at most
+-- timeout seconds (the stream's default if nil); once every chunk was
+-- read, the handler's return values (or nil and its error), and s.done
+-- is true. A timeout gives nil, "timeout" and cancels the handler.
+function Stream.read(self, seconds)
+    check_stream(self, "read")
+    if self.done then
+        return nil, "stream closed"
+    end
+    local ms = self.timeout_ms
+    if seconds ~= nil then
+        ms = timeout_ms(seconds)
+    end
+    return read_values(self, ms, c_read(self.id, ms))
+end
+
+-- Lets go of the stream before its end: a running handler is cancelled
+-- (its send() fails at once) and unread chunks are dropped.
+function Stream.close(self)
+    check_stream(self, "close")
+    if not self.done then
+        self.done = true
+        c_close(self.id, false)
+    end
 end
 
 -- Sets the default timeout in seconds of push_task on this pool, in this

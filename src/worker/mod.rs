@@ -22,6 +22,7 @@ use stats::PoolStats;
 
 use crate::handler::Spec;
 use crate::ngx::log;
+use crate::stream::Stream;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use payload::Args;
 use shadow::Shadow;
@@ -54,6 +55,8 @@ struct Pool {
 pub struct Worker {
     pools: Vec<Pool>,
     completions: Receiver<Job>,
+    /// Streams whose reader wanted a chunk and got one (stream.rs).
+    ready: (Sender<TaskId>, Receiver<TaskId>),
     pub tasks: Tasks,
     /// The last anchor key handed out (see `anchor_key`).
     anchors: u64,
@@ -214,6 +217,7 @@ impl Worker {
         let worker = Worker {
             pools,
             completions: done_rx,
+            ready: unbounded(),
             tasks,
             anchors: 0,
             awaited: 0,
@@ -236,7 +240,8 @@ impl Worker {
     /// none: QueueFull if they do not all fit. With a caller, it waits for
     /// them on the record whose id this returns (its semaphore is posted
     /// once all are done); without, they are posted tasks whose results
-    /// nobody takes.
+    /// nobody takes. With `stream`, the one task's handler sends chunks,
+    /// at most that many unread (stream.rs).
     ///
     /// # Safety
     /// `caller.tasks` must be the pushing request's task list (see
@@ -249,6 +254,7 @@ impl Worker {
         caller: Option<Caller>,
         args: Args,
         anchor: u64,
+        stream: Option<usize>,
     ) -> Result<TaskId, WorkerError> {
         if caller.is_none() {
             // posted pushes come back only this way (see drain)
@@ -267,17 +273,22 @@ impl Worker {
         }
         let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
         let task = match caller {
-            // SAFETY: forwarded from the caller.
-            Some(caller) => match unsafe { self.tasks.start(caller, index, anchor) } {
-                Ok(task) => task,
-                Err(e) => {
-                    pool.stats.unreserve(n);
-                    return Err(e);
+            Some(caller) => {
+                // SAFETY: forwarded from the caller.
+                match unsafe { self.tasks.start(caller, index, anchor, stream.is_some()) } {
+                    Ok(task) => task,
+                    Err(e) => {
+                        pool.stats.unreserve(n);
+                        return Err(e);
+                    }
                 }
-            },
+            }
             None => POSTED,
         };
-        let work = self.tasks.work(task, index, args);
+        let mut work = self.tasks.work(task, index, args);
+        if let (Some(bound), Some(w)) = (stream, Arc::get_mut(&mut work)) {
+            w.stream = Some(Stream::new(task, bound, self.ready.0.clone()));
+        }
         if task != POSTED {
             self.tasks.set_work(task, work.clone());
         }
@@ -317,6 +328,9 @@ impl Worker {
     /// Takes every completion posted so far (called on wake-up, and by
     /// post_task, whose pushes come back without one).
     pub fn drain(&mut self) {
+        while let Ok(id) = self.ready.1.try_recv() {
+            self.tasks.stream_ready(id);
+        }
         while let Ok(work) = self.completions.try_recv() {
             if work.task == POSTED {
                 self.recycle_posted(work);
@@ -360,6 +374,7 @@ pub fn stop(grace: Duration) {
         return;
     };
     worker.stopping.store(true, Ordering::SeqCst);
+    worker.tasks.close_streams();
     gate::stop();
     if let Some((stop, handle)) = worker.watchdog.take() {
         drop(stop);

@@ -13,6 +13,7 @@ use super::work::{Job, Work};
 use super::{with_worker, WorkerError};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
+use crate::stream::Taken;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -68,6 +69,9 @@ struct Slot {
     owner: *mut RequestTasks,
     /// The coroutine that pushed and waits (Caller::co), only compared.
     waiter: *const c_void,
+    /// A stream's record (push_stream): read chunk by chunk by its
+    /// coroutine, found by its id, never its coroutine's newest.
+    stream: bool,
     prev: u32,
     next: u32,
 }
@@ -154,6 +158,17 @@ impl Hasher for AddressHasher {
     }
 }
 
+/// What a read of a stream finds (Tasks::read_stream).
+pub enum Read {
+    Chunk(Payload),
+    /// Every chunk was read and the handler returned: take its results.
+    Done,
+    /// Nothing yet: wait on the record's semaphore.
+    Wait,
+    /// No such stream (closed, or not the caller's).
+    Gone,
+}
+
 /// Why a caller lets go of a task.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Release {
@@ -163,6 +178,8 @@ pub enum Release {
     RequestGone,
     /// It never waited (the wait failed right after the push).
     NotWaiting,
+    /// It closed its stream before the end.
+    Closed,
 }
 
 /// How many of each kind of spare are kept.
@@ -243,6 +260,7 @@ impl Tasks {
         caller: Caller,
         pool: usize,
         anchor: u64,
+        stream: bool,
     ) -> Result<TaskId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -257,6 +275,7 @@ impl Tasks {
                     anchor: 0,
                     owner: std::ptr::null_mut(),
                     waiter: std::ptr::null(),
+                    stream: false,
                     pool: 0,
                     prev: NONE,
                     next: NONE,
@@ -278,8 +297,12 @@ impl Tasks {
         slot.anchor = anchor;
         slot.pool = pool as u32;
         slot.waiter = caller.co;
+        slot.stream = stream;
         let id = join(slot.gen, index);
         self.link(index, caller.tasks);
+        if stream {
+            return Ok(id);
+        }
         if let Some(older) = self.newest.insert(caller.co as usize, id) {
             // results its caller never took: nobody will
             let (gen, index) = split(older);
@@ -299,6 +322,46 @@ impl Tasks {
         let (gen, index) = split(id);
         let slot = &self.slots[index as usize];
         (slot.gen == gen && slot.owner == caller.tasks).then_some(id)
+    }
+
+    /// The stream record `id` when `caller` pushed it and it is still on
+    /// its request's list: a handle from Lua reaches no other caller's.
+    pub fn stream_of(&self, caller: Caller, id: TaskId) -> Option<TaskId> {
+        let slot = self.slot(id)?;
+        let mine = slot.stream && slot.owner == caller.tasks && slot.waiter == caller.co;
+        mine.then_some(id)
+    }
+
+    /// What a read of stream `id` (see stream_of) finds: its next chunk,
+    /// else its results once its handler returned, else Wait, with the
+    /// stream marked as wanting a chunk.
+    pub fn read_stream(&mut self, id: TaskId) -> Read {
+        let Some(slot) = self.slot(id) else {
+            return Read::Gone;
+        };
+        let done = slot.state == State::Done;
+        let Some(stream) = slot.work.as_ref().and_then(|w| w.stream.as_ref()) else {
+            return Read::Gone;
+        };
+        match stream.take() {
+            Taken::Chunk(chunk) => Read::Chunk(chunk),
+            Taken::Empty if done => Read::Done,
+            Taken::Empty => Read::Wait,
+        }
+    }
+
+    /// A chunk reached stream `id`, whose reader wanted one: resumes the
+    /// reader if it still waits.
+    pub fn stream_ready(&mut self, id: TaskId) {
+        let Some(slot) = self.slot(id) else {
+            return;
+        };
+        if slot.state == State::Running {
+            if let Some(sema) = slot.sema.as_ref().filter(|s| s.has_waiter()) {
+                // the waiter consumes the post at once (count -1 to 0)
+                sema.post();
+            }
+        }
     }
 
     fn slot(&self, id: TaskId) -> Option<&Slot> {
@@ -372,6 +435,17 @@ impl Tasks {
         }
         let id = work.task;
         match slot.state {
+            // A stream's reader reads between other work: it may not be
+            // waiting now; it finds the results after the last chunk.
+            State::Running if slot.stream => {
+                slot.work = Some(work);
+                slot.state = State::Done;
+                if let Some(sema) = slot.sema.as_ref().filter(|s| s.has_waiter()) {
+                    sema.post();
+                }
+                log::debug(format_args!("stream {id:#x} done"));
+                None
+            }
             // A record is Running only while its caller waits on its clean
             // semaphore (a timeout releases it first), so no waiter means
             // the caller's light thread was killed (ngx.thread.kill): left
@@ -423,7 +497,7 @@ impl Tasks {
                     match why {
                         Release::Timeout => PoolStats::add(&stats.timed_out),
                         Release::RequestGone => PoolStats::add(&stats.abandoned),
-                        Release::NotWaiting => {}
+                        Release::NotWaiting | Release::Closed => {}
                     }
                 }
                 self.unlink(index);
@@ -431,6 +505,10 @@ impl Tasks {
                 slot.state = State::Abandoned;
                 if let Some(work) = &slot.work {
                     work.cancelled().cancel();
+                    // a handler waiting for room hears it at once
+                    if let Some(stream) = &work.stream {
+                        stream.close();
+                    }
                 }
                 None
             }
@@ -526,6 +604,16 @@ impl Tasks {
     /// Whether some anchors can be let go of.
     pub fn has_reaped(&self) -> bool {
         !self.reaped.is_empty()
+    }
+
+    /// Lets every stream's handler that waits for room go on (worker
+    /// exit: nobody reads any more).
+    pub fn close_streams(&self) {
+        let streams = self
+            .slots
+            .iter()
+            .filter_map(|s| s.work.as_ref()?.stream.as_ref());
+        streams.for_each(crate::stream::Stream::close);
     }
 
     /// Drops every record and semaphore (worker exit).

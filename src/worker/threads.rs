@@ -182,16 +182,19 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     ..Payload::default()
                 };
                 let outcome = match &handler {
-                    // SAFETY: whoever pushed keeps the spans' strings alive
-                    // until the completion reaches the event loop, after this.
-                    Ok(h) => guard::catch(|| unsafe {
-                        h.run(
-                            args,
-                            spans,
-                            &mut result.bytes,
-                            &mut result.spans,
-                            job.cancelled(),
-                        )
+                    Ok(h) => guard::catch(|| {
+                        // SAFETY: whoever pushed keeps the spans' strings
+                        // alive until the completion reaches the event
+                        // loop, after this.
+                        crate::stream::serving(job.stream.as_ref(), || unsafe {
+                            h.run(
+                                args,
+                                spans,
+                                &mut result.bytes,
+                                &mut result.spans,
+                                job.cancelled(),
+                            )
+                        })
                     })
                     .unwrap_or_else(|panic| {
                         run::fail(&mut result.bytes, &panic);
@@ -263,7 +266,9 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     }
                     continue;
                 }
-                if let Some(shadow) = &shadow {
+                // A stream's handler sends to its reader: run again, it
+                // would have none.
+                if let Some(shadow) = shadow.as_ref().filter(|_| job.stream.is_none()) {
                     // SAFETY: the task is not finished: the arguments' strings
                     // and the result's pin are alive.
                     unsafe { shadow.offer(&job, i, &result) };

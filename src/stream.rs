@@ -1,0 +1,222 @@
+//! A task's output stream (`push_stream`): the chunks its handler sends,
+//! on their way from the pool thread to the event loop, at most `bound`
+//! of them unread at a time.
+//!
+//! The handler's thread appends a chunk under the lock and, when the
+//! queue is full, waits on `space` until the reader takes one or lets go
+//! of the stream: a producer faster than its reader waits in its own
+//! thread and never piles chunks up. The event loop never waits here: a
+//! read takes a chunk or, finding none, marks that it wants one (`want`)
+//! and waits on its record's semaphore; the next chunk then sends the
+//! record's id on the worker's ready channel and wakes the event loop
+//! (ngx/notify.rs), which posts that semaphore (worker/tasks.rs). The
+//! handler's results come back as any task's do, after its last chunk:
+//! a read takes the chunks first, so they always come before the results.
+
+use crate::worker::payload::Payload;
+use crossbeam_channel::Sender;
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// What a handler's send gets once the stream's caller let go of it
+/// (timeout, close, request gone).
+pub const CANCELLED: &str = "cancelled";
+
+/// What a send outside a stream's handler raises.
+pub const NO_STREAM: &str = "no stream: send() is for a handler run by push_stream";
+
+pub struct Stream {
+    /// The record on the event loop, sent on `ready`.
+    task: u64,
+    /// The most unread chunks.
+    bound: usize,
+    queue: Mutex<Queue>,
+    /// Signalled when a chunk is taken or the stream is closed.
+    space: Condvar,
+    /// The worker's channel of streams with a chunk for a waiting reader.
+    ready: Sender<u64>,
+}
+
+#[derive(Default)]
+struct Queue {
+    chunks: VecDeque<Payload>,
+    /// The reader waits for the next chunk.
+    want: bool,
+    /// The reader let go: sends fail, nothing is kept.
+    closed: bool,
+}
+
+/// What a read finds.
+pub enum Taken {
+    Chunk(Payload),
+    /// No chunk: the reader is marked as waiting for one.
+    Empty,
+}
+
+/// A send that could not be made: the stream's reader let go of it.
+#[derive(Debug)]
+pub struct Closed;
+
+impl Stream {
+    pub fn new(task: u64, bound: usize, ready: Sender<u64>) -> Stream {
+        Stream {
+            task,
+            bound: bound.max(1),
+            queue: Mutex::default(),
+            space: Condvar::new(),
+            ready,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Plain data: a thread that panicked holding the lock left it whole.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends a chunk, waiting while `bound` chunks are unread (pool
+    /// thread): how long it waited, or Closed at once when the reader let
+    /// go (the chunk is dropped).
+    pub fn send(&self, chunk: Payload, wake: impl FnOnce()) -> Result<Duration, Closed> {
+        let mut q = self.lock();
+        let mut waited = None;
+        while !q.closed && q.chunks.len() >= self.bound {
+            let since = *waited.get_or_insert_with(Instant::now);
+            q = self.space.wait(q).unwrap_or_else(PoisonError::into_inner);
+            waited = Some(since);
+        }
+        if q.closed {
+            return Err(Closed);
+        }
+        q.chunks.push_back(chunk);
+        let want = std::mem::take(&mut q.want);
+        drop(q);
+        if want && self.ready.send(self.task).is_ok() {
+            wake();
+        }
+        Ok(waited.map_or(Duration::ZERO, |t| t.elapsed()))
+    }
+
+    /// The next chunk, or Empty with the reader marked as waiting (event
+    /// loop; never blocks: the lock is only held for a push or a pop).
+    pub fn take(&self) -> Taken {
+        let mut q = self.lock();
+        match q.chunks.pop_front() {
+            Some(chunk) => {
+                q.want = false;
+                drop(q);
+                self.space.notify_one();
+                Taken::Chunk(chunk)
+            }
+            None => {
+                q.want = true;
+                Taken::Empty
+            }
+        }
+    }
+
+    /// The reader lets go: a waiting send returns Closed, and so does
+    /// every later one; unread chunks are dropped.
+    pub fn close(&self) {
+        let chunks = {
+            let mut q = self.lock();
+            q.closed = true;
+            std::mem::take(&mut q.chunks)
+        };
+        self.space.notify_all();
+        drop(chunks);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+}
+
+thread_local! {
+    /// The stream of the task this thread runs (null between tasks, for a
+    /// task pushed without one, and on the event loop). Points into the
+    /// task's Work, which the thread holds while the mark is set.
+    static SERVING: Cell<*const Stream> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` (one task's handler) with `stream` as the stream this thread's
+/// sends go to; the mark is cleared when `f` returns or unwinds.
+pub fn serving<R>(stream: Option<&Stream>, f: impl FnOnce() -> R) -> R {
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            SERVING.set(std::ptr::null());
+        }
+    }
+    SERVING.set(stream.map_or(std::ptr::null(), |s| s));
+    let _clear = Clear;
+    f()
+}
+
+/// Runs `f` with the stream of the task this thread runs, if any.
+pub fn with_serving<R>(f: impl FnOnce(Option<&Stream>) -> R) -> R {
+    let s = SERVING.get();
+    // SAFETY: a non-null mark points to the stream of the task this thread
+    // runs, whose Work the thread holds until `serving` clears the mark.
+    f(unsafe { s.as_ref() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::unbounded;
+    use std::sync::Arc;
+
+    fn chunk(b: u8) -> Payload {
+        Payload {
+            bytes: vec![b],
+            ..Payload::default()
+        }
+    }
+
+    /// A full stream holds its producer until a chunk is read; the reader
+    /// hears of the next chunk once it said it wants one; chunks keep
+    /// their order.
+    #[test]
+    fn bound_order_and_wake() {
+        let (tx, rx) = unbounded();
+        let s = Arc::new(Stream::new(7, 2, tx));
+        assert!(matches!(s.take(), Taken::Empty));
+        s.send(chunk(1), || {}).expect("room");
+        assert_eq!(rx.try_recv().ok(), Some(7), "the reader wanted one");
+        s.send(chunk(2), || {}).expect("room");
+        assert!(rx.try_recv().is_err(), "nobody waits");
+        let producer = {
+            let s = s.clone();
+            std::thread::spawn(move || s.send(chunk(3), || {}).map(|_| ()))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!producer.is_finished(), "full: the producer waits");
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            if let Taken::Chunk(p) = s.take() {
+                got.push(p.bytes[0]);
+            }
+        }
+        assert!(producer.join().expect("producer").is_ok());
+        assert_eq!(got, [1, 2, 3]);
+    }
+
+    /// Closing releases a waiting producer at once, and every later send
+    /// fails.
+    #[test]
+    fn close_releases_the_producer() {
+        let (tx, _rx) = unbounded();
+        let s = Arc::new(Stream::new(1, 1, tx));
+        s.send(chunk(1), || {}).expect("room");
+        let producer = {
+            let s = s.clone();
+            std::thread::spawn(move || s.send(chunk(2), || {}).is_err())
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        s.close();
+        assert!(producer.join().expect("producer"), "closed");
+        assert!(s.send(chunk(3), || {}).is_err());
+    }
+}

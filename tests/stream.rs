@@ -1,0 +1,383 @@
+//! Streams (`push_stream`): a handler's chunks reach the reader in order
+//! and before its results, an error after some chunks comes after them, a
+//! producer faster than its reader waits instead of piling chunks up in
+//! the worker's memory, and a reader that gives up (timeout, close, client
+//! gone) cancels the handler: its next or waiting send fails at once with
+//! "cancelled" and `cancelled()` is true. What the handler saw is recorded
+//! in a shared dict and read back over HTTP.
+
+mod common;
+
+use common::{eventually, request, Nginx};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+const HTTP: &str = r#"
+    lua_shared_dict seen 1m;
+    lua_thread_pool gen threads=2;
+    thread_pool_process_by_lua_block gen {
+        local tp = require "resty.threadpool"
+        local handlers = {}
+        -- chunks 1..n of mixed kinds, then two results
+        function handlers.count(n)
+            for i = 1, n do
+                local chunk = i
+                if i % 3 == 1 then
+                    chunk = "c" .. i
+                elseif i % 3 == 2 then
+                    chunk = { i = i, s = { "x" } }
+                end
+                assert(tp.send(chunk))
+            end
+            return "end", n
+        end
+        -- n chunks (more than the stream's bound), then an error
+        function handlers.fail(n)
+            for i = 1, n do
+                assert(tp.send(i))
+            end
+            error("failed after " .. n, 0)
+        end
+        -- n chunks of size bytes as fast as it can
+        function handlers.flood(n, size)
+            local s = string.rep("x", size)
+            for i = 1, n do
+                local ok, err = tp.send(s)
+                if not ok then
+                    return nil, "send " .. i .. ": " .. err
+                end
+            end
+            return n
+        end
+        -- sends until a send fails, then records why under key
+        function handlers.forever(key)
+            local i = 0
+            while true do
+                i = i + 1
+                local ok, err = tp.send(i)
+                if not ok then
+                    ngx.shared.seen:set(key, err .. " " .. tostring(tp.cancelled()))
+                    return
+                end
+            end
+        end
+        -- one chunk, then after pause seconds (the reader's timeout
+        -- passes meanwhile) one more send, whose outcome it records
+        function handlers.pause(key, pause)
+            assert(tp.send("first"))
+            local deadline = ngx.now() + pause
+            while ngx.now() < deadline do
+                ngx.update_time()
+            end
+            local ok, err = tp.send("second")
+            ngx.shared.seen:set(key, tostring(ok) .. " " .. tostring(err) .. " "
+                                .. tostring(tp.cancelled()))
+        end
+        function handlers.plain(a, b)
+            return a + b, "plain"
+        end
+        function handlers.misuse(v)
+            return pcall(tp.send, v)
+        end
+        function handlers.badchunk()
+            return tp.send(print)
+        end
+        return function(what, ...)
+            return handlers[what](...)
+        end
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        default_type text/plain;
+        location /seen {
+            content_by_lua_block { ngx.print(ngx.shared.seen:get(ngx.var.arg_k)) }
+        }
+        location /count {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").gen:push_stream("count", tonumber(ngx.var.arg_n)))
+                local got = {}
+                while true do
+                    local v, err = s:read()
+                    if s.done then
+                        ngx.say(table.concat(got, ","), " ", tostring(v), " ", tostring(err))
+                        break
+                    end
+                    if type(v) == "table" then
+                        v = "t" .. v.i .. v.s[1]
+                    end
+                    got[#got + 1] = v
+                end
+            }
+        }
+        location /fail {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").gen:push_stream("fail", 40))
+                local got = {}
+                while true do
+                    local v, err = s:read()
+                    if s.done then
+                        ngx.say(table.concat(got, ","), " ", tostring(v), " ", tostring(err))
+                        break
+                    end
+                    got[#got + 1] = v
+                end
+            }
+        }
+        location /plain {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local s = assert(tp.gen:push_stream("plain", 1, 2))
+                local a, b = s:read()
+                local done = s.done
+                local again, err = s:read()
+                ngx.say(a, " ", b, " ", tostring(done), " ", tostring(again), " ", err,
+                        " | ", table.concat({ tp.gen:push_task("plain", 1, 2) }, " "))
+            }
+        }
+        location /misuse {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local ok, err = tp.gen:push_task("misuse", 1)
+                local bad = pcall(tp.gen.push_stream_opts, tp.gen, { chunks = 0.5 }, "plain", 1, 2)
+                local s = assert(tp.gen:push_stream("badchunk"))
+                local v, serr = s:read()
+                ngx.say(tostring(ok), " ", err, " | ", tostring(bad), " | ",
+                        tostring(v), " ", serr, " ", tostring(s.done))
+            }
+        }
+        location /flood {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local n, size = tonumber(ngx.var.arg_n), tonumber(ngx.var.arg_size)
+                local s = assert(tp.gen:push_stream_opts({ chunks = 16 }, "flood", n, size))
+                -- a slow reader: it sleeps before it starts and now and then
+                ngx.sleep(0.5)
+                local chunks, bytes = 0, 0
+                while true do
+                    local v, err = s:read()
+                    if s.done then
+                        ngx.say(chunks, " ", bytes, " ", tostring(v), " ", tostring(err))
+                        break
+                    end
+                    chunks = chunks + 1
+                    bytes = bytes + #v
+                    if chunks % 1000 == 0 then
+                        ngx.sleep(0.05)
+                    end
+                end
+            }
+        }
+        location /close {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").gen:push_stream_opts(
+                    { chunks = 1 }, "forever", ngx.var.arg_key))
+                local a, b = s:read(), s:read()
+                s:close()
+                local after, err = s:read()
+                ngx.say(a, " ", b, " ", tostring(after), " ", err)
+            }
+        }
+        location /timeout {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").gen:push_stream("pause", ngx.var.arg_key,
+                    tonumber(ngx.var.arg_pause) or 0.5))
+                local first = s:read()
+                local v, err = s:read(0.05)
+                ngx.say(first, " ", tostring(v), " ", err, " ", tostring(s.done))
+            }
+        }
+        location /abort {
+            lua_check_client_abort on;
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").gen:push_stream_opts(
+                    { chunks = 1 }, "forever", ngx.var.arg_key))
+                ngx.say("chunk ", s:read())
+                ngx.flush(true)
+                ngx.sleep(30)
+            }
+        }
+        location /idle {
+            content_by_lua_block {
+                local s = require("resty.threadpool").gen:stats()
+                ngx.print(s.busy + s.queued)
+            }
+        }
+    }
+"#;
+
+fn start() -> Nginx {
+    Nginx::start("", HTTP)
+}
+
+/// What a handler recorded under `key`, once it did.
+fn seen(n: &Nginx, key: &str) -> String {
+    let mut v = String::new();
+    let found = eventually(Duration::from_secs(20), || {
+        v = n.get(&format!("/seen?k={key}")).text();
+        v != "nil"
+    });
+    assert!(found, "{key}: the handler recorded nothing");
+    v
+}
+
+/// Every handler of the pool returned: none is left waiting in a send.
+fn assert_idle(n: &Nginx) {
+    assert!(
+        eventually(Duration::from_secs(20), || n.get("/idle").text() == "0"),
+        "a handler is still running"
+    );
+}
+
+#[test]
+fn chunks_come_in_order_then_the_results() {
+    let n = start();
+    let r = n.get("/count?n=2000");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    let (chunks, rest) = text.trim_end().split_once(' ').expect(&text);
+    assert_eq!(rest, "end 2000");
+    let chunks: Vec<&str> = chunks.split(',').collect();
+    assert_eq!(chunks.len(), 2000);
+    for (i, c) in (1..).zip(chunks) {
+        let want = match i % 3 {
+            1 => format!("c{i}"),
+            2 => format!("t{i}x"),
+            _ => i.to_string(),
+        };
+        assert_eq!(c, want, "chunk {i}");
+    }
+    n.assert_clean_log();
+}
+
+#[test]
+fn an_error_after_chunks_comes_after_them() {
+    let n = start();
+    let want: Vec<String> = (1..=40).map(|i| i.to_string()).collect();
+    let want = format!("{} nil failed after 40\n", want.join(","));
+    assert_eq!(n.get("/fail").text(), want);
+    n.assert_clean_log();
+}
+
+/// A handler that sends nothing: its first read gives its results, as
+/// push_task would; the stream is then done. Misuse: send outside a
+/// stream's handler raises; a value that cannot cross is refused by the
+/// send, not the stream; bad options raise.
+#[test]
+fn a_stream_without_chunks_is_a_task() {
+    let n = start();
+    assert_eq!(
+        n.get("/plain").text(),
+        "3 plain true nil stream closed | 3 plain\n"
+    );
+    let text = n.get("/misuse").text();
+    assert!(
+        text.starts_with(
+            "false no stream: send() is for a handler run by push_stream | false | nil "
+        ),
+        "{text}"
+    );
+    assert!(
+        text.trim_end().ends_with(" true") && text.contains("function"),
+        "{text}"
+    );
+    n.assert_clean_log();
+}
+
+/// Peak resident memory of a process in KiB.
+fn hwm_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 10,000 chunks of 64 KiB (625 MiB) sent as fast as the handler can to
+/// a reader that sleeps: the worker's peak RSS grows by less than the
+/// bound docs/streaming.md states (64 MiB: 16 unread chunks, the ones
+/// being encoded and read, and the allocator's slack), where without
+/// back-pressure it would hold most of the stream.
+#[test]
+fn a_fast_handler_waits_for_a_slow_reader() {
+    let n = start();
+    let worker = n.workers()[0];
+    // warm up: the pool threads' states and the allocator's arenas
+    assert_eq!(
+        n.get("/flood?n=100&size=65536").text(),
+        "100 6553600 100 nil\n"
+    );
+    let before = hwm_kib(worker);
+    let r = n.get("/flood?n=10000&size=65536");
+    assert_eq!(r.text(), "10000 655360000 10000 nil\n");
+    let grew = hwm_kib(worker).saturating_sub(before);
+    eprintln!("peak RSS grew by {grew} KiB");
+    assert!(grew < 64 * 1024, "peak RSS grew by {grew} KiB");
+    n.assert_clean_log();
+}
+
+/// A reader that closes its stream: the handler, waiting for room in its
+/// send, gets "cancelled" and sees cancelled(); the stream reads as
+/// closed.
+#[test]
+fn closing_cancels_the_handler() {
+    let n = start();
+    assert_eq!(n.get("/close?key=c1").text(), "1 2 nil stream closed\n");
+    assert_eq!(seen(&n, "c1"), "cancelled true");
+    assert_idle(&n);
+    n.assert_clean_log();
+}
+
+/// A read that times out cancels the handler: its next send fails.
+#[test]
+fn a_read_timeout_cancels_the_handler() {
+    let n = start();
+    assert_eq!(n.get("/timeout?key=t1").text(), "first nil timeout true\n");
+    assert_eq!(seen(&n, "t1"), "nil cancelled true");
+    assert_idle(&n);
+    n.assert_clean_log();
+}
+
+/// A client that goes away while its request reads a stream: the
+/// handler's send fails, and nothing is left running.
+#[test]
+fn a_client_gone_cancels_the_handler() {
+    let n = start();
+    let mut s = TcpStream::connect(("127.0.0.1", n.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /abort?key=a1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("chunk 1") {
+        let k = s.read(&mut buf).unwrap();
+        assert!(k > 0, "closed early");
+        got.extend_from_slice(&buf[..k]);
+    }
+    drop(s);
+    assert_eq!(seen(&n, "a1"), "cancelled true");
+    assert_idle(&n);
+    n.assert_clean_log();
+}
+
+/// Streams whose readers went away in every way leave no handler
+/// running and no record behind: a long run of them ends with the pool
+/// idle and the worker's memory where it was.
+#[test]
+fn a_stream_whose_caller_is_gone_leaves_nothing() {
+    let n = start();
+    for i in 0..200 {
+        let path = if i % 2 == 0 { "close" } else { "timeout" };
+        let r = request(
+            n.port,
+            "GET",
+            &format!("/{path}?key=g{i}&pause=0.1"),
+            &[],
+            b"",
+        );
+        assert_eq!(r.status, 200);
+    }
+    assert_idle(&n);
+    n.assert_clean_log();
+}
