@@ -1,48 +1,57 @@
-//! ngx_threadpool: per-worker thread pools of LuaJIT states for OpenResty.
+//! ngx_threadpool: per-worker thread pools of LuaJIT states (or native
+//! handlers) for OpenResty.
 //!
-//! This file only wires the module into nginx: the module record, its
-//! directives and its process hooks. The layers point one way, each using
-//! only those below it:
+//! This file wires the module into nginx: the module record, its directive
+//! table and its process hooks, each handing over to the folder below that
+//! does the work. The map of the crate, which `tests/layout.rs` checks
+//! against the files:
 //!
-//! 1. `ngx/`: the nginx boundary — bindgen bindings and small wrappers
-//!    (configuration, logs, lua-nginx-module's semaphores and API, the
-//!    notify multiplexer, the OS calls). It calls up only through callbacks
-//!    registered with it.
-//! 2. `codec/` (MessagePack between the event loop and the threads),
-//!    `vm/` (a pool thread's Lua state and its `ngx` table), `native/` (a
-//!    pool thread's native handler library), and `handler.rs`, the seam
-//!    over the two kinds that the threads use.
-//! 3. `worker/`: the worker's state — pools and their threads, task
-//!    records, completions.
-//! 4. `conf.rs` + `conf_block.rs` (the directives) and `preload.rs` (the
-//!    C functions of lua/resty/threadpool.lua).
+//! - `conf/`: configuration, read in the master. The directives' setters
+//!   and the http main conf (`mod.rs`), `*_by_lua_block` reading
+//!   (`block.rs`), its errors (`error.rs`), a pool's settings declared in
+//!   one place (`settings.rs`).
+//! - `api/`: what the event loop offers. The C functions behind
+//!   lua/resty/threadpool.lua (`functions.rs`) and `thread_pool_status`
+//!   (`status.rs`).
+//! - `worker/`: the event loop's side of the hand-off. The worker's pools
+//!   and completions (`mod.rs`), its start (`start.rs`), task records
+//!   (`tasks.rs`), the accept gate (`gate.rs`), counters (`stats.rs`),
+//!   errors (`error.rs`).
+//! - `handoff/`: what crosses between the two sides. A push's work and its
+//!   task handle (`job.rs`), encoded values (`payload.rs`), cancellation and
+//!   outcome (`outcome.rs`), a stream's chunks (`stream.rs`), the adaptive
+//!   poll both sides wait with (`spin.rs`).
+//! - `pool/`: the pool threads' side. The thread loop (`thread.rs`), the
+//!   seam over the two kinds of handler (`handler.rs`), shadow comparison
+//!   (`shadow.rs`: POOL's half, `compare.rs`: SHADOW's half), the watchdog
+//!   (`watchdog.rs`).
+//! - `vm/`: a pool thread's Lua state and its `ngx` table; `native/`: a pool
+//!   thread's native handler library; `codec/`: MessagePack between the
+//!   sides; `lua/`: the Lua C API helpers both sides use.
+//! - `ngx/`: the nginx boundary. bindgen's bindings and small wrappers
+//!   (configuration, logs, lua-nginx-module's API, the notify multiplexer,
+//!   the OS calls); it calls up only through callbacks registered with it.
 //!
-//! One task's journey: `preload.rs` (push) → `worker/mod.rs` (queue) →
-//! `worker/threads.rs` → `handler.rs` → `vm/` (decode, run, encode with
-//! `codec/`) or `native/` →
-//! `ngx/notify.rs` (wake) → `worker/tasks.rs` (complete, post the
-//! semaphore) → `preload.rs` (result).
+//! One task's journey: `api/functions.rs` (push) → `worker/mod.rs` (queue)
+//! → `pool/thread.rs` → `pool/handler.rs` → `vm/` (decode, run, encode with
+//! `codec/`) or `native/` → `ngx/notify.rs` (wake) → `worker/tasks.rs`
+//! (complete, post the semaphore) → `api/functions.rs` (result).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod api;
 pub mod codec;
 pub mod conf;
-pub mod conf_block;
-mod conf_error;
-pub mod handler;
+pub mod handoff;
 pub mod lua;
 pub mod native;
 pub mod ngx;
-pub mod preload;
-pub mod run;
-pub mod settings;
-pub mod spin;
-pub mod status;
-pub mod stream;
+pub mod pool;
 pub mod vm;
 pub mod worker;
 
-use conf::{MainConf, BLOCK, FILE, INIT, PROCESS};
+use api::{functions, status};
+use conf::{settings, MainConf, BLOCK, FILE, INIT, PROCESS};
 use ngx::conf::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::module::{command, module, NULL_COMMAND};
 use ngx::{ngx_string, sys};
@@ -52,7 +61,7 @@ use std::ptr;
 const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
-/// The directives other than the settings' (settings.rs).
+/// The directives other than the settings' (conf/settings.rs).
 const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 11] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
@@ -206,7 +215,7 @@ unsafe extern "C" fn init_main_conf(cf: *mut sys::ngx_conf_t, _conf: *mut c_void
     ngx::guard::no_unwind("init_main_conf", NGX_CONF_ERROR, || {
         // SAFETY: nginx passes the configuration being parsed.
         let parsing = unsafe { ngx::conf::Conf::from_raw(cf) };
-        if ngx::lua::add_preload(parsing, preload::PACKAGE, preload::open) {
+        if ngx::lua::add_preload(parsing, functions::PACKAGE, functions::open) {
             NGX_CONF_OK
         } else {
             NGX_CONF_ERROR
@@ -269,39 +278,7 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
     })
 }
 
-/// What the pool threads' `ngx` takes from the event loop's.
-///
-/// # Safety
-/// Event-loop thread of a worker, in init_process of `cycle`, whose `vm`
-/// it is; the lua module is linked.
-unsafe fn thread_ngx_env(cycle: *mut sys::ngx_cycle_t, vm: Option<ngx::lua::MainVm>) -> vm::NgxEnv {
-    // SAFETY: the caller's contract: the worker's event loop in its
-    // init_process, with the cycle configured and the main VM idle.
-    let (lua_conf, resty_core) = unsafe {
-        (
-            ngx::lua_api::LuaConf::of(cycle),
-            vm.and_then(|vm| vm.resty_core()),
-        )
-    };
-    let pcre_version = ngx::lua_api::pcre_version();
-    vm::NgxEnv {
-        lua_conf,
-        // SAFETY: as above: init_process, where the worker's pid, slot and
-        // core conf are set.
-        worker: unsafe { ngx::lua_api::WorkerInfo::current() },
-        regex: vm::RegexEnv {
-            pcre: pcre_version.as_deref().and_then(vm::Pcre::of_version),
-            // SAFETY: the configuration is read (init_process).
-            match_limit: lua_conf.map_or(0, |c| unsafe { c.regex_match_limit() }),
-            max_err_len: resty_core
-                .as_ref()
-                .map_or(vm::DEFAULT_REGEX_MAX_ERR_LEN, |r| r.regex_max_err_len),
-        },
-        resty_core_version: resty_core.map(|r| r.version),
-    }
-}
-
-/// Each worker: install the notify multiplexer and start the threads.
+/// Each worker: start the pools (worker/start.rs).
 unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t {
     ngx::guard::no_unwind("init_process", sys::NGX_ERROR as sys::ngx_int_t, || {
         // SAFETY: nginx passes the worker's cycle.
@@ -311,61 +288,9 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         if conf.pools.is_empty() {
             return sys::NGX_OK as sys::ngx_int_t;
         }
-        ngx::os::bound_retained_memory();
-        // SAFETY: init_process runs on the event loop of the VM's cycle
-        // before any request.
-        let paths = conf.lua_vm.and_then(|vm| unsafe { vm.package_paths() });
-        let log = ngx::log::Log::cycle();
-        // SAFETY: as above; the lua module is loaded before this module.
-        let ngx_env = unsafe { thread_ngx_env(cycle, conf.lua_vm) };
-        // One spec per configured pool, in order: a pool's index in the
-        // configuration is its id in the shim (preload.rs).
-        let specs: Result<Vec<_>, String> = conf
-            .pools
-            .iter()
-            .map(|p| {
-                let kind = match p.process.clone().ok_or("pool without handler")? {
-                    conf::Process::Lua(process, style) => handler::Kind::Lua(vm::Spec {
-                        init: p.init.clone(),
-                        process,
-                        style,
-                        package_path: paths.as_ref().map(|(path, _)| path.clone()),
-                        package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
-                        ngx: ngx_env.clone(),
-                    }),
-                    conf::Process::Native(native) => handler::Kind::Native(native),
-                };
-                let spec = handler::Spec {
-                    pool: p.name.clone(),
-                    log,
-                    settings: p.settings,
-                    kind,
-                };
-                Ok(worker::PoolSetup {
-                    spec,
-                    threads: p.threads,
-                    max_queue: p.max_queue,
-                    shadow: p.shadow.as_ref().map(|s| (s.pool, s.options)),
-                })
-            })
-            .collect();
-        let me = ngx::http::worker_number();
-        let started = specs.and_then(|specs| {
-            ngx::notify::install(worker::drain, worker::awaiting)?;
-            let shared = conf.status.as_ref().and_then(|t| t.row(me));
-            worker::Worker::start(specs, shared).map_err(|e| e.to_string())
-        });
-        if let (Ok(()), Some(gate), Some((shared, slots))) = (
-            &started,
-            conf.gate,
-            conf.status.as_ref().and_then(|t| t.gate()),
-        ) {
-            let threads = conf.pools.iter().map(|p| p.threads).sum();
-            let marks = worker::gate::Marks::resolve(gate.high, gate.low, threads);
-            let workers = ngx::http::running_workers();
-            worker::gate::start(marks, shared, slots, me, workers, conf.nudge.as_ref());
-        }
-        match started {
+        // SAFETY: init_process of the worker whose cycle this is, on its
+        // event loop; the lua module is loaded before this module.
+        match unsafe { worker::start::init_process(cycle, conf) } {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
                 ngx::log::message(ngx::log::NGX_LOG_EMERG, format_args!("{msg}"));

@@ -219,7 +219,7 @@ fn only_where_a_coroutine_may_yield() {
 }
 
 /// The tasks of a batch of slow ones spread over the pool's threads: a
-/// thread claims a share of those left, down to one (work.rs), so the
+/// thread claims a share of those left, down to one (src/handoff/job.rs), so the
 /// other thread takes its share while the first one runs. Each task waits
 /// until both threads run one, so a thread the scheduler of a busy
 /// machine wakes late still finds tasks left (which of them runs the

@@ -21,7 +21,7 @@ local tostring = tostring
 local type = type
 local floor = math.floor
 
--- The module's C functions on this VM's stack (src/preload.rs).
+-- The module's C functions on this VM's stack (src/api/functions.rs).
 local API_VERSION = 12
 local core
 do
@@ -171,7 +171,7 @@ Pool.__index = Pool
 local Stream = {}
 Stream.__index = Stream
 
--- read's first value (src/preload.rs): a chunk follows, or the end.
+-- read's first value (src/api/functions.rs): a chunk follows, or the end.
 local READ_CHUNK = 1
 local READ_DONE = 2
 local MAX_CHUNKS = 65536

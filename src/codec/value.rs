@@ -1,5 +1,5 @@
 //! A payload's values as a Rust tree, for comparing two payloads as Lua
-//! values and showing them in a log line (worker/compare.rs). Built from
+//! values and showing them in a log line (pool/compare.rs). Built from
 //! the decoder's ops, so that a payload means here exactly what it means
 //! on a Lua stack.
 //!

@@ -27,7 +27,7 @@ pub(super) const BORROWED_EXT_LEN: usize = 6;
 /// keeps their bytes alive and unchanged until the payload is done with:
 /// the shim anchors a caller's strings until the task's completion reaches
 /// the event loop; a pool thread pins its result strings until the event
-/// loop drops the result (worker/threads.rs).
+/// loop drops the result (pool/thread.rs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Span {
@@ -40,7 +40,7 @@ pub struct Span {
 unsafe impl Send for Span {}
 
 // SAFETY: as for Send: the bytes are immutable, so threads may read them
-// at once (the tasks of one push share its spans, worker/work.rs).
+// at once (the tasks of one push share its spans, handoff/job.rs).
 unsafe impl Sync for Span {}
 
 impl Span {

@@ -16,9 +16,9 @@ mod library;
 pub use library::{Library, LoadError};
 
 use crate::codec::{self, Span, MAX_PAYLOAD};
+use crate::handoff::outcome::{Cancel, Outcome};
 use crate::ngx::guard;
 use crate::ngx::log::{self, Log};
-use crate::run::{Cancel, Outcome};
 use std::borrow::Cow;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
@@ -116,13 +116,13 @@ impl State {
         let rc = unsafe { (self.library.process)(self.state, &task, &mut sink.out()) };
         match (sink.finish(), rc) {
             (Err(text), _) => {
-                crate::run::fail(out, &text);
+                crate::handoff::outcome::fail(out, &text);
                 Outcome::Failed
             }
             (Ok(()), abi::OK) => Outcome::Done,
             (Ok(()), abi::ERROR) => Outcome::Failed,
             (Ok(()), rc) => {
-                crate::run::fail(
+                crate::handoff::outcome::fail(
                     out,
                     &format!(
                         "ngx_threadpool_process of \"{}\" returned {rc}",

@@ -1,7 +1,7 @@
 //! The nginx boundary: generated bindings and small wrappers that own nothing.
 //!
 //! Every `unsafe` that touches nginx lives here or in the few entry points
-//! that nginx and the Lua shim call (`lib.rs`, `conf.rs`, `preload.rs`).
+//! that nginx and the Lua shim call (`lib.rs`, `conf/`, `api/`).
 
 pub mod accept;
 pub mod bindings;

@@ -12,7 +12,7 @@
 //!
 //! It also wraps `ngx_event_actions.process_events`: when the worker
 //! awaits completions, the event loop polls for them briefly before it
-//! sleeps in epoll_wait, as pool threads poll for jobs (crate::spin). A
+//! sleeps in epoll_wait, as pool threads poll for jobs (crate::handoff::spin). A
 //! round trip at concurrency 1 otherwise puts the event loop to sleep and
 //! wakes it through the eventfd once per task, which cost more of its CPU
 //! than the task's own work (bench/ANALYSIS.md). And pool threads write
@@ -20,7 +20,7 @@
 //! their completions itself before it waits again.
 
 use super::sys;
-use crate::spin::Spin;
+use crate::handoff::spin::Spin;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

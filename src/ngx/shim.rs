@@ -1,4 +1,4 @@
-//! What the C functions of the Lua shim (preload.rs) work with: the running
+//! What the C functions of the Lua shim (api/functions.rs) work with: the running
 //! request and lua-resty-core style out-parameters, made safe to use once,
 //! at the entry point.
 

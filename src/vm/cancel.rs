@@ -2,14 +2,14 @@
 //! cancellation and a stream's sends, a Lua handler's side. The pool
 //! thread marks the task its state runs (`running`), and the handler reads
 //! that mark through `ngx_threadpool_task_cancelled`
-//! (`require("resty.threadpool").cancelled()`). The flag is run::Cancel.
+//! (`require("resty.threadpool").cancelled()`). The flag is handoff::outcome::Cancel.
 //! `send(chunk)` hands a chunk to the stream of the running task
-//! (crate::stream).
+//! (crate::handoff::stream).
 
 use crate::codec::{self, Source};
-use crate::run::Cancel;
-use crate::stream::{self, CANCELLED, NO_STREAM};
-use crate::worker::payload::Payload;
+use crate::handoff::outcome::Cancel;
+use crate::handoff::payload::Payload;
+use crate::handoff::stream::{self, CANCELLED, NO_STREAM};
 use mlua::ffi::{self as lua, lua_State};
 use mlua::Lua;
 use std::cell::Cell;
@@ -55,10 +55,12 @@ pub fn install(lua: &Lua) -> mlua::Result<()> {
     // SAFETY: send is a lua_CFunction that raises only before it owns
     // anything (see send).
     let send = unsafe { lua.create_c_function(send) }?;
+    // SAFETY: as send.
+    let receive = unsafe { lua.create_c_function(receive) }?;
     let module: mlua::Value = lua
         .load(include_str!("cancel.lua"))
         .set_name("=ngx_threadpool.threadpool")
-        .call(send)?;
+        .call((send, receive))?;
     let preload: mlua::Table = lua
         .globals()
         .get::<mlua::Table>("package")?
@@ -111,6 +113,38 @@ unsafe extern "C-unwind" fn send(l: *mut lua_State) -> c_int {
             }
             Err(e) => e.to_string(),
         };
+        lua::lua_pushnil(l);
+        lua::lua_pushlstring_(l, err.as_ptr().cast(), err.len());
+        2
+    }
+}
+
+/// `chunk = receive()`: the next chunk the stream's caller wrote, waiting
+/// for it; nil at the end of its input (close_write); nil and "cancelled"
+/// at once once the caller let go. Raises outside a stream's handler.
+///
+/// # Safety
+/// Called by Lua, as a lua_CFunction, in a pool thread's state.
+unsafe extern "C-unwind" fn receive(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the raise happens before anything is owned;
+    // the chunk's values are built by push_values, which reserves its
+    // slots (a raise there drops the chunk).
+    unsafe {
+        if !stream::with_serving(|s| s.is_some()) {
+            lua::lua_pushlstring_(l, NO_STREAM.as_ptr().cast(), NO_STREAM.len());
+            lua::lua_error(l);
+        }
+        lua::lua_settop(l, 0);
+        let got = stream::with_serving(|s| s.map(|s| s.receive(crate::ngx::notify::wake)));
+        let err = match got {
+            Some(Ok(Some(chunk))) => match codec::push_values(l, &chunk.bytes, &chunk.spans) {
+                Ok(n) => return n as c_int,
+                Err(e) => e.to_string(),
+            },
+            Some(Ok(None)) => return 0,
+            _ => CANCELLED.to_string(),
+        };
+        lua::lua_settop(l, 0);
         lua::lua_pushnil(l);
         lua::lua_pushlstring_(l, err.as_ptr().cast(), err.len());
         2

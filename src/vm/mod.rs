@@ -21,9 +21,9 @@ pub use ngx_api::NgxEnv;
 pub use ngx_re::{Pcre, RegexEnv, DEFAULT_REGEX_MAX_ERR_LEN};
 
 use crate::codec::{self, CodecError, Span};
+use crate::handoff::outcome::{Cancel, Outcome, PinKey, Ran};
 use crate::lua::call::{CFunction, Status};
 use crate::ngx::log::Log;
-use crate::run::{Cancel, Outcome, PinKey, Ran};
 use chunk::{error_text, Chunk, Style};
 use mlua::ffi::{self, lua_State};
 use mlua::Lua;

@@ -7,8 +7,8 @@
 
 use super::chunk::{Chunk, Style};
 use crate::codec::{self, Borrow, CodecError, Source, Span};
+use crate::handoff::outcome::Outcome;
 use crate::lua::call::{argument, plain_text};
-use crate::run::Outcome;
 use mlua::ffi::{self, lua_State};
 use std::ffi::{c_int, CString};
 
@@ -152,11 +152,11 @@ impl Task<'_> {
         match e {
             CodecError::OutOfMemory => {
                 self.outcome = Outcome::OutOfMemory;
-                crate::run::fail(self.out, codec::NOT_ENOUGH_MEMORY);
+                crate::handoff::outcome::fail(self.out, codec::NOT_ENOUGH_MEMORY);
             }
             e => {
                 self.outcome = Outcome::Failed;
-                crate::run::fail(self.out, &e.to_string());
+                crate::handoff::outcome::fail(self.out, &e.to_string());
             }
         }
     }

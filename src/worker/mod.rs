@@ -1,39 +1,37 @@
 //! The worker's state, on the event-loop thread: its pools (threads and job
 //! channels), its task records and the completions coming back.
 //!
-//! Each pool has a crossbeam channel of jobs, bounded at `max_queue`, read
-//! by its threads (threads.rs). Every thread posts completions to the one
-//! completion channel of the worker and wakes the event loop
-//! (ngx/notify.rs), which drains them into the task records (tasks.rs).
+//! Each pool has a crossbeam channel of jobs read by its threads
+//! (pool/thread.rs), unbounded: the bound, `max_queue`, is counted in the
+//! pool's stats as tasks are pushed (`reserve`). Every thread posts
+//! completions to the one completion channel of the worker and wakes the
+//! event loop (ngx/notify.rs), which drains them into the task records
+//! (tasks.rs).
 
-mod compare;
 mod error;
 pub mod gate;
-pub mod payload;
-mod shadow;
+pub mod start;
 pub mod stats;
 pub mod tasks;
-mod threads;
-mod watchdog;
-pub mod work;
 
 pub use error::WorkerError;
 use stats::PoolStats;
 
-use crate::handler::Spec;
+use crate::handoff::job::{Job, TaskId, POSTED};
+use crate::handoff::payload::Args;
+use crate::handoff::stream::Stream;
 use crate::ngx::log;
-use crate::stream::Stream;
+use crate::pool::handler::Spec;
+use crate::pool::shadow::{self, Shadow};
+use crate::pool::thread::{self as threads, thread_main, THREAD_STACK_SIZE};
+use crate::pool::watchdog;
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use payload::Args;
-use shadow::Shadow;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tasks::{Caller, Release, TaskId, Tasks, POSTED};
-use threads::{thread_main, THREAD_STACK_SIZE};
-use work::Job;
+use tasks::{Caller, Release, Tasks};
 
 struct Pool {
     name: String,
@@ -292,7 +290,7 @@ impl Worker {
         if task != POSTED {
             self.tasks.set_work(task, work.clone());
         }
-        // As many threads as there are tasks share them (work.rs).
+        // As many threads as there are tasks share them (handoff/job.rs).
         for _ in 0..pool.threads.len().min(work.count()) {
             if jobs.send(work.clone()).is_err() {
                 pool.stats.unreserve(n);

@@ -77,7 +77,7 @@ fn move_count(local: &mut u64, shared: &AtomicU64) {
     }
 }
 
-/// A pool thread's counts of the tasks of one claim (work.rs), added to
+/// A pool thread's counts of the tasks of one claim (handoff/job.rs), added to
 /// the pool's counters when the claim ends, before its tasks count as
 /// finished: the threads of a pool share those cache lines, and the small
 /// tasks of a batch each fetched them back from the other thread.
@@ -124,7 +124,7 @@ struct Apart([u64; 8]);
 #[derive(Default)]
 pub struct PoolStats {
     pub threads: AtomicU64,
-    /// Threads running a task now (the tasks of a claim, work.rs).
+    /// Threads running a task now (the tasks of a claim, handoff/job.rs).
     pub busy: AtomicU64,
     /// Tasks claimed by a thread (to run or to skip); `queued` is
     /// `admitted` minus this.
@@ -142,7 +142,7 @@ pub struct PoolStats {
     pub run: Histogram,
     /// With a shadow (`thread_pool_shadow`): tasks whose results were
     /// compared, those that differed, and those not compared because the
-    /// shadow's queue was full (compare.rs, shadow.rs).
+    /// shadow's queue was full (pool/compare.rs, pool/shadow.rs).
     pub shadow_compared: AtomicU64,
     pub shadow_mismatched: AtomicU64,
     pub shadow_skipped: AtomicU64,
@@ -278,7 +278,7 @@ impl PoolStats {
 }
 
 /// Every worker's PoolStats in a shared memory zone of the module's own,
-/// for `thread_pool_status` (status.rs): one PoolStats per worker and pool,
+/// for `thread_pool_status` (api/status.rs): one PoolStats per worker and pool,
 /// worker-major; then the accept gate's shared state and one GateSlot per
 /// worker (gate.rs).
 pub struct StatusTable {

@@ -7,32 +7,19 @@
 //! killed is found gone by that completion (no one waits on its semaphore). The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
-use super::payload::{Args, Payload};
 use super::stats::PoolStats;
-use super::work::{Job, Work};
 use super::{with_worker, WorkerError};
+use crate::handoff::job::{Job, TaskId, Work};
+use crate::handoff::payload::KEEP;
+use crate::handoff::payload::{Args, Payload};
+use crate::handoff::stream::{Taken, Written};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
-use crate::stream::Taken;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A record's handle inside the module (and in debug lines): generation <<
-/// 32 | slot. Lua never holds one: a caller's record is found by who it is
-/// (`Caller`), so no handle can be stale, forged or another request's.
-pub type TaskId = u64;
-
-/// The handle of a posted task (post_task): no record, no caller. Real
-/// handles have a generation of at least 1.
-pub const POSTED: TaskId = 0;
-
 const NONE: u32 = u32::MAX;
-/// Payload buffers up to this size are kept for reuse.
-pub const KEEP: usize = 64 * 1024;
-/// After payloads adding up to this size, a pool thread that goes idle
-/// gives memory back (threads.rs).
-pub const LARGE: usize = 1024 * 1024;
 /// Generations stay below 2^20 so a handle is exact as a Lua number.
 const GEN_MASK: u32 = (1 << 20) - 1;
 
@@ -111,7 +98,7 @@ pub struct Tasks {
     slots: Vec<Slot>,
     free: Vec<u32>,
     /// Payload buffers kept for reuse: arguments are encoded in them and
-    /// results written in them (work.rs), so steady state allocates none.
+    /// results written in them (handoff/job.rs), so steady state allocates none.
     spare: Vec<Vec<u8>>,
     /// Pushes that came back, and their lists of argument parts and of
     /// results, kept for reuse in the same way (buffers go to `spare`).
@@ -350,8 +337,28 @@ impl Tasks {
         }
     }
 
-    /// A chunk reached stream `id`, whose reader wanted one: resumes the
-    /// reader if it still waits.
+    /// Writes a caller's chunk to stream `id` (see stream_of): Ended once
+    /// its handler returned.
+    pub fn write_stream(&mut self, id: TaskId, chunk: Payload, wait: bool) -> Written {
+        let Some(slot) = self.slot(id).filter(|s| s.state == State::Running) else {
+            return Written::Ended;
+        };
+        match slot.work.as_ref().and_then(|w| w.stream.as_ref()) {
+            Some(stream) => stream.write(chunk, wait),
+            None => Written::Ended,
+        }
+    }
+
+    /// The caller of stream `id` wrote its last chunk.
+    pub fn end_input(&mut self, id: TaskId) {
+        if let Some(stream) = self.slot(id).and_then(|s| s.work.as_ref()?.stream.as_ref()) {
+            stream.end_input();
+        }
+    }
+
+    /// A chunk reached stream `id`, whose reader wanted one, or its
+    /// handler made room for a writer that waits: resumes the caller if it
+    /// still waits.
     pub fn stream_ready(&mut self, id: TaskId) {
         let Some(slot) = self.slot(id) else {
             return;
@@ -613,7 +620,7 @@ impl Tasks {
             .slots
             .iter()
             .filter_map(|s| s.work.as_ref()?.stream.as_ref());
-        streams.for_each(crate::stream::Stream::close);
+        streams.for_each(crate::handoff::stream::Stream::close);
     }
 
     /// Drops every record and semaphore (worker exit).
@@ -632,7 +639,8 @@ impl Tasks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::payload::Args;
+    use crate::handoff::job::POSTED;
+    use crate::handoff::payload::Args;
 
     /// One task pushed to pool 0 whose result has `len` bytes, and taken
     /// back, as a pool thread and the event loop would.

@@ -103,7 +103,7 @@ fn time_codec(
     }
 }
 
-/// A batch's arguments walked as push_tasks walks them (preload.rs): ns
+/// A batch's arguments walked as push_tasks walks them (api/functions.rs): ns
 /// per task of write_walked over 64 argument tables of two strings, the
 /// hand-off benchmark's ("upper" and 16 bytes).
 #[test]

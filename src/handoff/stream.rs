@@ -1,6 +1,6 @@
-//! A task's output stream (`push_stream`): the chunks its handler sends,
-//! on their way from the pool thread to the event loop, at most `bound`
-//! of them unread at a time.
+//! A task's streams (`push_stream`): the chunks its handler sends, on
+//! their way from the pool thread to the event loop, and the chunks its
+//! caller writes, the other way; at most `bound` of them unread each way.
 //!
 //! The handler's thread appends a chunk under the lock and, when the
 //! queue is full, waits on `space` until the reader takes one or lets go
@@ -12,8 +12,15 @@
 //! (ngx/notify.rs), which posts that semaphore (worker/tasks.rs). The
 //! handler's results come back as any task's do, after its last chunk:
 //! a read takes the chunks first, so they always come before the results.
+//!
+//! Input mirrors it: the caller's write appends while fewer than `bound`
+//! are unread, else marks that it waits for room (`writer_waits`) and waits
+//! on the same semaphore (one coroutine reads and writes, one at a time),
+//! or fails at once if asked not to wait; the handler's receive waits on
+//! `data` in its thread, and the take that makes room for a waiting
+//! writer sends the record's id on `ready` as a chunk does for a reader.
 
-use crate::worker::payload::Payload;
+use crate::handoff::payload::Payload;
 use crossbeam_channel::Sender;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -24,8 +31,8 @@ use std::time::{Duration, Instant};
 /// (timeout, close, request gone).
 pub const CANCELLED: &str = "cancelled";
 
-/// What a send outside a stream's handler raises.
-pub const NO_STREAM: &str = "no stream: send() is for a handler run by push_stream";
+/// What a send or receive outside a stream's handler raises.
+pub const NO_STREAM: &str = "no stream: send() and receive() are for a handler run by push_stream";
 
 pub struct Stream {
     /// The record on the event loop, sent on `ready`.
@@ -35,6 +42,8 @@ pub struct Stream {
     queue: Mutex<Queue>,
     /// Signalled when a chunk is taken or the stream is closed.
     space: Condvar,
+    /// Signalled when the caller writes, ends its input or lets go.
+    data: Condvar,
     /// The worker's channel of streams with a chunk for a waiting reader.
     ready: Sender<u64>,
 }
@@ -46,6 +55,22 @@ struct Queue {
     want: bool,
     /// The reader let go: sends fail, nothing is kept.
     closed: bool,
+    /// The caller's chunks the handler has not received.
+    input: VecDeque<Payload>,
+    /// The caller waits for room to write.
+    writer_waits: bool,
+    /// The caller wrote its last chunk (close_write).
+    input_ended: bool,
+}
+
+/// What a write finds.
+pub enum Written {
+    Done,
+    /// `bound` chunks unread: the chunk is handed back, and the writer is
+    /// marked as waiting for room when it said it would wait.
+    Full(Payload),
+    /// The input was ended, or the stream let go of.
+    Ended,
 }
 
 /// What a read finds.
@@ -66,6 +91,7 @@ impl Stream {
             bound: bound.max(1),
             queue: Mutex::default(),
             space: Condvar::new(),
+            data: Condvar::new(),
             ready,
         }
     }
@@ -116,16 +142,65 @@ impl Stream {
         }
     }
 
-    /// The reader lets go: a waiting send returns Closed, and so does
-    /// every later one; unread chunks are dropped.
+    /// The reader lets go: a waiting send or receive returns Closed, and
+    /// so does every later one; unread chunks are dropped.
     pub fn close(&self) {
-        let chunks = {
+        let dropped = {
             let mut q = self.lock();
             q.closed = true;
-            std::mem::take(&mut q.chunks)
+            (std::mem::take(&mut q.chunks), std::mem::take(&mut q.input))
         };
         self.space.notify_all();
-        drop(chunks);
+        self.data.notify_all();
+        drop(dropped);
+    }
+
+    /// Appends a caller's chunk for the handler (event loop; never
+    /// blocks): Full when `bound` are unread, the writer then marked as
+    /// waiting for room if `wait`.
+    pub fn write(&self, chunk: Payload, wait: bool) -> Written {
+        let mut q = self.lock();
+        if q.closed || q.input_ended {
+            return Written::Ended;
+        }
+        if q.input.len() >= self.bound {
+            q.writer_waits = wait;
+            return Written::Full(chunk);
+        }
+        q.input.push_back(chunk);
+        drop(q);
+        self.data.notify_one();
+        Written::Done
+    }
+
+    /// The caller wrote its last chunk: the handler's receive gives the
+    /// end of input once it took the chunks before.
+    pub fn end_input(&self) {
+        self.lock().input_ended = true;
+        self.data.notify_all();
+    }
+
+    /// The caller's next chunk, None at the end of its input, waiting for
+    /// it (pool thread): Closed at once when the caller let go.
+    pub fn receive(&self, wake: impl FnOnce()) -> Result<Option<Payload>, Closed> {
+        let mut q = self.lock();
+        loop {
+            if q.closed {
+                return Err(Closed);
+            }
+            if let Some(chunk) = q.input.pop_front() {
+                let writer = std::mem::take(&mut q.writer_waits);
+                drop(q);
+                if writer && self.ready.send(self.task).is_ok() {
+                    wake();
+                }
+                return Ok(Some(chunk));
+            }
+            if q.input_ended {
+                return Ok(None);
+            }
+            q = self.data.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     pub fn is_closed(&self) -> bool {
@@ -203,6 +278,29 @@ mod tests {
         assert_eq!(got, [1, 2, 3]);
     }
 
+    /// Input: the bound holds the writer back, a receive makes room and
+    /// tells a waiting writer, the end of input comes after the chunks.
+    #[test]
+    fn input_bound_and_end() {
+        let (tx, rx) = unbounded();
+        let s = Arc::new(Stream::new(3, 2, tx));
+        assert!(matches!(s.write(chunk(1), true), Written::Done));
+        assert!(matches!(s.write(chunk(2), true), Written::Done));
+        assert!(matches!(s.write(chunk(3), false), Written::Full(_)));
+        assert!(rx.try_recv().is_err());
+        assert!(matches!(s.write(chunk(3), true), Written::Full(_)));
+        let got = s.receive(|| {}).expect("open").expect("a chunk");
+        assert_eq!(got.bytes, [1]);
+        assert_eq!(rx.try_recv().ok(), Some(3), "the writer waited");
+        assert!(matches!(s.write(chunk(3), true), Written::Done));
+        s.end_input();
+        assert!(matches!(s.write(chunk(4), true), Written::Ended));
+        let rest: Vec<u8> = std::iter::from_fn(|| s.receive(|| {}).expect("open"))
+            .map(|p| p.bytes[0])
+            .collect();
+        assert_eq!(rest, [2, 3]);
+    }
+
     /// Closing releases a waiting producer at once, and every later send
     /// fails.
     #[test]
@@ -215,8 +313,14 @@ mod tests {
             std::thread::spawn(move || s.send(chunk(2), || {}).is_err())
         };
         std::thread::sleep(Duration::from_millis(20));
+        let consumer = {
+            let s = s.clone();
+            std::thread::spawn(move || s.receive(|| {}).is_err())
+        };
+        std::thread::sleep(Duration::from_millis(20));
         s.close();
         assert!(producer.join().expect("producer"), "closed");
+        assert!(consumer.join().expect("consumer"), "closed");
         assert!(s.send(chunk(3), || {}).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! What a pool thread's handler, of either kind, is given and gives back
 //! for one task: the task's cancellation, how it went, and its error
 //! payload. Below both kinds (vm/, native/) and the seam over them
-//! (handler.rs).
+//! (pool/handler.rs).
 
 use crate::codec;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// one cannot be interrupted, but its handler may look, whatever its kind:
 /// a Lua handler through `require("resty.threadpool").cancelled()`
 /// (vm/cancel.rs), a native one through `ngx_tp_task_t.cancelled`
-/// (native/). One per push, shared by its tasks (worker/work.rs).
+/// (native/). One per push, shared by its tasks (handoff/job.rs).
 #[derive(Default)]
 pub struct Cancel(AtomicBool);
 

@@ -1,18 +1,19 @@
-//! A pool thread: its handler (handler.rs, of whichever kind), its loop
+//! A pool thread: its handler (pool/handler.rs, of whichever kind), its loop
 //! over the pool's job channel, and how it goes idle.
 
-use super::payload::{Payload, Pinned};
 use super::shadow::Shadow;
-use super::stats::{PoolStats, Tally};
-use super::tasks::{LARGE, POSTED};
 use super::watchdog::Running;
-use super::work::Job;
 use crate::codec;
-use crate::handler::{Handler, Spec};
+use crate::handoff::job::Job;
+use crate::handoff::job::POSTED;
+use crate::handoff::outcome::{self, Outcome, PinKey, Ran};
+use crate::handoff::payload::LARGE;
+use crate::handoff::payload::{Payload, Pinned};
+use crate::handoff::spin::Spin;
 use crate::ngx::os;
 use crate::ngx::{guard, log, notify};
-use crate::run::{self, Outcome, PinKey, Ran};
-use crate::spin::Spin;
+use crate::pool::handler::{Handler, Spec};
+use crate::worker::stats::{PoolStats, Tally};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 /// A pool thread's stack: the event loop's under Linux's default `ulimit -s`
 /// (Rust's default, 2 MiB, is less), so that code recursing on the C stack,
 /// like PCRE matching without JIT, gets as deep as in the event loop.
-pub(super) const THREAD_STACK_SIZE: usize = 8 << 20;
+pub(crate) const THREAD_STACK_SIZE: usize = 8 << 20;
 
 /// What a thread is given besides its pool's spec and channels.
 pub struct ThreadSetup {
@@ -42,7 +43,7 @@ pub struct Watch {
     pub epoch: Instant,
 }
 
-pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, setup: ThreadSetup) {
+pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, setup: ThreadSetup) {
     let ThreadSetup {
         index,
         threads,
@@ -186,7 +187,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                         // SAFETY: whoever pushed keeps the spans' strings
                         // alive until the completion reaches the event
                         // loop, after this.
-                        crate::stream::serving(job.stream.as_ref(), || unsafe {
+                        crate::handoff::stream::serving(job.stream.as_ref(), || unsafe {
                             h.run(
                                 args,
                                 spans,
@@ -197,12 +198,12 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                         })
                     })
                     .unwrap_or_else(|panic| {
-                        run::fail(&mut result.bytes, &panic);
+                        outcome::fail(&mut result.bytes, &panic);
                         result.spans.clear();
                         Ran::from(Outcome::Failed)
                     }),
                     Err(msg) => {
-                        run::fail(&mut result.bytes, msg);
+                        outcome::fail(&mut result.bytes, msg);
                         Ran::from(Outcome::Failed)
                     }
                 };
@@ -320,7 +321,7 @@ pub(super) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     let _ = done.send(job);
                 } else {
                     // Sent, not cloned: the event loop, the last to hold
-                    // the push, keeps its buffers for reuse (work.rs).
+                    // the push, keeps its buffers for reuse (handoff/job.rs).
                     complete(&done, job);
                 }
                 break;

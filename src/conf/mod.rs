@@ -5,25 +5,28 @@
 //! thread_pool_init_by_lua_file  POOL path.lua;
 //! thread_pool_process_by_lua    POOL "code";   # the task handler
 //! thread_pool_process_by_lua_file POOL path.lua;
-//! thread_pool_init_by_lua_block    POOL { code }   # see conf_block.rs
+//! thread_pool_init_by_lua_block    POOL { code }   # see block.rs
 //! thread_pool_process_by_lua_block POOL { code }
 //! thread_pool_process_by_rust POOL path.so [CONFIG];   # or a native handler
 //! lua_thread_pool NAME threads=N [max_queue=M];
-//! thread_pool_slow_task_log POOL time | off;   # and the other settings.rs
+//! thread_pool_slow_task_log POOL time | off;   # and the other settings (settings.rs)
 //! thread_pool_accept_gate on | off [high=N] [low=M];
 //! thread_pool_shadow POOL SHADOW [sample=RATIO] [log_values=on|off];
 //! ```
 //! The pool itself is nginx's `thread_pool NAME threads=N [max_queue=M]`.
 
-use crate::conf_block;
-pub use crate::conf_error::ConfError;
+pub mod block;
+mod error;
+pub mod settings;
+
 use crate::native::{self, Library};
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
 use crate::ngx::sys;
 use crate::ngx::thread_pool::ThreadPool;
-use crate::settings::{lossy, Settings, DIRECTIVES};
 use crate::vm::chunk::{self, Chunk, Style};
+pub use error::ConfError;
+use settings::{lossy, Settings, DIRECTIVES};
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
@@ -396,7 +399,7 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfEr
     let block_start = (kind & BLOCK != 0).then(|| cf.line());
     let chunk = if let Some(start) = block_start {
         Chunk {
-            code: conf_block::read(cf).map_err(ConfError::Block)?,
+            code: block::read(cf).map_err(ConfError::Block)?,
             name: format!("={short}({})", cf.position_at(start)),
         }
     } else if kind & FILE != 0 {
@@ -418,7 +421,7 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfEr
     let style = chunk::check(&chunk).map_err(|e| {
         // nginx names the file and the line of the error: for a block, the
         // line of the Lua error itself.
-        if let (Some(start), Some(line)) = (block_start, conf_block::error_line(&chunk.name, &e)) {
+        if let (Some(start), Some(line)) = (block_start, block::error_line(&chunk.name, &e)) {
             cf.set_line(start + line - 1);
         }
         ConfError::Compile(e)

@@ -1,11 +1,11 @@
 //! A pool's settings, declared in one place: each is one field of
 //! `Settings` (its default in `Settings::default`) and one entry of
 //! `DIRECTIVES` (its directive and parser). The directive's setter
-//! (conf.rs) stores the field in the pool's configuration, and the struct
+//! (conf/mod.rs) stores the field in the pool's configuration, and the struct
 //! travels unchanged to the worker and each of the pool's threads, which
 //! read the fields they use.
 
-use crate::conf_error::ConfError;
+use crate::conf::error::ConfError;
 use crate::ngx::conf::Conf;
 use crate::ngx::os::{Policy, Scheduling};
 use crate::ngx::sys;

@@ -32,7 +32,7 @@ pub enum ConfError {
         path: String,
         err: std::io::Error,
     },
-    /// The block's text (conf_block.rs says why it could not be read).
+    /// The block's text (block.rs says why it could not be read).
     Block(String),
     Compile(String),
     Duplicate {
@@ -93,7 +93,7 @@ impl fmt::Display for ConfError {
             ConfError::BadStreamChunks(p) => write!(
                 f,
                 "takes a number of chunks from 1 to {}: invalid \"{p}\"",
-                crate::settings::STREAM_CHUNKS_MAX
+                crate::conf::settings::STREAM_CHUNKS_MAX
             ),
             ConfError::BadShadowOption(p) => {
                 write!(

@@ -1,4 +1,4 @@
-//! The seam between a pool thread's loop (worker/threads.rs) and its
+//! The seam between a pool thread's loop (pool/thread.rs) and its
 //! handler, of whichever kind its pool runs: a Lua state (vm/) or a
 //! native library's state (native/). The loop
 //! builds one handler per thread, runs tasks on it, lets go of result
@@ -7,10 +7,10 @@
 //! has.
 
 use crate::codec::Span;
+use crate::conf::settings::Settings;
+use crate::handoff::outcome::{Cancel, PinKey, Ran};
 use crate::native;
 use crate::ngx::log::Log;
-use crate::run::{Cancel, PinKey, Ran};
-use crate::settings::Settings;
 use crate::vm::{self, ThreadVm};
 
 /// What a thread needs to build its handler; cloned into every thread.

@@ -4,10 +4,10 @@
 //! SHADOW's thread does once it has run the task. Nothing goes back to the
 //! event loop. shadow.rs is POOL's half.
 
-use super::payload::{Args, Payload};
-use super::stats::PoolStats;
 use crate::codec::{self, Span};
+use crate::handoff::payload::{Args, Payload};
 use crate::lua::stack::Op;
+use crate::worker::stats::PoolStats;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};

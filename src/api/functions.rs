@@ -31,12 +31,14 @@
 
 use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
+use crate::handoff::job::TaskId;
+use crate::handoff::payload::{Args, Payload};
+use crate::handoff::stream::Written;
 use crate::lua::stack;
 use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
-use crate::worker::payload::{Args, Payload};
-use crate::worker::tasks::{Caller, Read, Release, RequestTasks, TaskId};
+use crate::worker::tasks::{Caller, Read, Release, RequestTasks};
 use crate::worker::{with_worker, WorkerError};
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
@@ -69,7 +71,7 @@ const N_KEY: c_int = lua::lua_upvalueindex(2);
 /// Called by Lua, as a lua_CFunction, on the event loop.
 pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
-    let functions: [(&CStr, F); 12] = [
+    let functions: [(&CStr, F); 14] = [
         (c"pool_id", pool_id),
         (c"stats", stats),
         (c"push", push),
@@ -82,6 +84,8 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         (c"push_stream", push_stream),
         (c"read", read),
         (c"close", close),
+        (c"write", write),
+        (c"close_write", close_write),
     ];
     // SAFETY: a loader runs as a Lua function on the event loop, with
     // LUA_MINSTACK free slots; it only pushes and sets fields (raising
@@ -868,7 +872,7 @@ unsafe extern "C-unwind" fn push_stream(l: *mut lua_State) -> c_int {
     unsafe {
         let f = c"push_stream";
         let pool = pool_arg(l, 1, f);
-        let max = crate::settings::STREAM_CHUNKS_MAX as f64;
+        let max = crate::conf::settings::STREAM_CHUNKS_MAX as f64;
         let chunks = int_arg(l, 2, f, (0.0, max), c"chunks out of range: 1 to 65536") as usize;
         let chunks = match chunks {
             0 => crate::conf::running_pools()
@@ -944,25 +948,10 @@ unsafe extern "C-unwind" fn read(l: *mut lua_State) -> c_int {
                         None => Got::Refused(ERROR, STREAM_CLOSED.into()),
                     },
                     Read::Gone => Got::Refused(ERROR, STREAM_CLOSED.into()),
-                    Read::Wait => {
-                        if !may_suspend(l) {
-                            return Got::Refused(ERROR, NOT_YIELDABLE.into());
-                        }
-                        let mut buf = [0u8; 256];
-                        let mut len = buf.len();
-                        // SAFETY: a stack buffer for the message.
-                        let err = ErrOut::new(buf.as_mut_ptr(), &mut len);
-                        match w.tasks.sema(id) {
-                            Some(sema) => match crate::ngx::shim::wait(sema, &r, ms, &err) {
-                                ERROR => Got::Refused(
-                                    ERROR,
-                                    String::from_utf8_lossy(&buf[..len]).into_owned(),
-                                ),
-                                rc => Got::Waiting(rc),
-                            },
-                            None => Got::Refused(ERROR, STREAM_CLOSED.into()),
-                        }
-                    }
+                    Read::Wait => match wait_on(l, &r, w, id, ms) {
+                        Ok(rc) => Got::Waiting(rc),
+                        Err(msg) => Got::Refused(ERROR, msg),
+                    },
                 }
             })
             .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
@@ -994,6 +983,130 @@ unsafe extern "C-unwind" fn read(l: *mut lua_State) -> c_int {
             }
         }
     }
+}
+
+/// Starts the running coroutine's wait on stream `id`'s semaphore: the
+/// wait's code (AGAIN: yield; OK: a resource was there), else why not.
+///
+/// # Safety
+/// `l` is the running coroutine of `r`'s handler, on the event loop.
+unsafe fn wait_on(
+    l: *mut lua_State,
+    r: &Request,
+    w: &mut crate::worker::Worker,
+    id: TaskId,
+    ms: c_int,
+) -> Result<c_int, String> {
+    // SAFETY: forwarded.
+    if !unsafe { may_suspend(l) } {
+        return Err(NOT_YIELDABLE.into());
+    }
+    let mut buf = [0u8; 256];
+    let mut len = buf.len();
+    // SAFETY: a stack buffer for the message.
+    let err = unsafe { ErrOut::new(buf.as_mut_ptr(), &mut len) };
+    let sema = w.tasks.sema(id).ok_or(STREAM_CLOSED)?;
+    match crate::ngx::shim::wait(sema, r, ms, &err) {
+        ERROR => Err(String::from_utf8_lossy(&buf[..len]).into_owned()),
+        rc => Ok(rc),
+    }
+}
+
+/// `code, msg = write(id, timeout_ms, wait, chunk)`: appends one value to
+/// the input of the running coroutine's stream `id`: OK; DECLINED when
+/// its bound of unread chunks is reached and `wait` is false; else, with
+/// `wait`, the coroutine waits for room, at most `timeout_ms`, and
+/// yields: true (write again) or false and "timeout". ERROR and a
+/// message: the input ended, the value cannot cross, or no such stream.
+unsafe extern "C-unwind" fn write(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else; the chunk is a local here until it is handed over.
+    unsafe {
+        let f = c"write";
+        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
+        let ms = ms_arg(l, 2, f);
+        let wait = lua::lua_toboolean(l, 3) != 0;
+        lua::lua_settop(l, 4);
+        if lua::lua_type(l, 4) == lua::LUA_TNIL {
+            bad_argument(l, 4, f, c"a chunk expected, got nil")
+        }
+        let (r, caller) = match caller_of(l) {
+            None => return refused(l, BAD_CONTEXT, ""),
+            Some(Err(())) => return refused(l, ERROR, "no memory"),
+            Some(Ok(found)) => found,
+        };
+        let mut chunk = Payload::default();
+        if let Err(e) = codec::write_values(
+            l,
+            Source::Stack(4),
+            1,
+            "chunk",
+            None,
+            &mut chunk.bytes,
+            &mut chunk.spans,
+        ) {
+            return refused(l, ERROR, &e.to_string());
+        }
+        let wrote = guard::catch(|| {
+            with_worker(|w| {
+                let Some(id) = w.tasks.stream_of(caller, id) else {
+                    return Got::Refused(ERROR, STREAM_CLOSED.into());
+                };
+                match w.tasks.write_stream(id, chunk, wait) {
+                    Written::Done => Got::Waiting(OK),
+                    Written::Full(_) if !wait => Got::Refused(DECLINED, INPUT_FULL.into()),
+                    Written::Full(_) => match wait_on(l, &r, w, id, ms) {
+                        // a resource was there: write again
+                        Ok(OK) => Got::Refused(AGAIN, String::new()),
+                        Ok(rc) => Got::Waiting(rc),
+                        Err(msg) => Got::Refused(ERROR, msg),
+                    },
+                    Written::Ended => Got::Refused(ERROR, INPUT_ENDED.into()),
+                }
+            })
+            .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
+        })
+        .unwrap_or_else(|panic| Got::Refused(ERROR, format!("panic: {panic}")));
+        lua::lua_settop(l, 0);
+        match wrote {
+            Got::Waiting(AGAIN) => lua::lua_yield(l, 0),
+            Got::Waiting(_) => {
+                lua::lua_pushinteger(l, OK as lua::lua_Integer);
+                1
+            }
+            Got::Refused(AGAIN, _) => {
+                lua::lua_pushboolean(l, 1);
+                1
+            }
+            Got::Refused(rc, msg) => refused(l, rc, &msg),
+            Got::Chunk(_) | Got::Results(..) => 0,
+        }
+    }
+}
+
+/// What a write gets when the stream's input is full and it may not wait.
+const INPUT_FULL: &str = "stream input full";
+/// What a write gets once the input was ended or the handler returned.
+const INPUT_ENDED: &str = "stream input ended";
+
+/// `close_write(id)`: the running coroutine wrote its last chunk to its
+/// stream `id`: the handler's receive() gives nil after the chunks.
+unsafe extern "C-unwind" fn close_write(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the argument is checked first.
+    unsafe {
+        let id = int_arg(l, 1, c"close_write", (1.0, MAX_ID), c"not a stream") as TaskId;
+        let Some(Ok((_, caller))) = caller_of(l) else {
+            return 0;
+        };
+        let _ = guard::catch(|| {
+            with_worker(|w| {
+                let id = w.tasks.stream_of(caller, id)?;
+                w.tasks.end_input(id);
+                Some(())
+            })
+        });
+    }
+    0
 }
 
 /// What a read of a stream that is no longer there gets.

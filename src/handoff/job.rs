@@ -13,17 +13,25 @@
 //! finishes the last task sends the completion and wakes the event loop,
 //! once per push.
 
-use super::compare::Expected;
 use super::payload::{Args, Payload};
-use super::tasks::{TaskId, POSTED};
-use crate::run::Cancel;
+use crate::handoff::outcome::Cancel;
+use crate::pool::compare::Expected;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+/// A record's handle inside the module (and in debug lines): generation <<
+/// 32 | slot. Lua never holds one: a caller's record is found by who it is
+/// (`Caller`), so no handle can be stale, forged or another request's.
+pub type TaskId = u64;
+
+/// The handle of a posted task (post_task): no record, no caller. Real
+/// handles have a generation of at least 1.
+pub const POSTED: TaskId = 0;
+
 pub struct Work {
-    /// The record on the event loop (tasks::POSTED for a posted task).
+    /// The record on the event loop (POSTED for a posted task).
     pub task: TaskId,
     /// The pool it was pushed to, by index.
     pub pool: usize,
@@ -47,11 +55,11 @@ pub struct Work {
     /// freed on neither (a free on the event loop of memory a pool thread
     /// allocated takes that thread's malloc arena lock).
     results: Mutex<Vec<Payload>>,
-    /// A shadow task's (shadow.rs): POOL's result to compare with; its
+    /// A shadow task's (pool/shadow.rs): POOL's result to compare with; its
     /// arguments' spans point into it.
     pub expected: Option<Expected>,
     /// A stream's (push_stream): where its handler's chunks go.
-    pub stream: Option<crate::stream::Stream>,
+    pub stream: Option<crate::handoff::stream::Stream>,
 }
 
 /// The capacity a result's buffer starts with.

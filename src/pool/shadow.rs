@@ -10,10 +10,10 @@
 //! on SHADOW's thread.
 
 use super::compare::{Expected, Owned, Pair};
-use super::payload::Payload;
-use super::stats::PoolStats;
-use super::work::{Job, Work};
 use crate::conf::ShadowOptions;
+use crate::handoff::job::{Job, Work};
+use crate::handoff::payload::Payload;
+use crate::worker::stats::PoolStats;
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
