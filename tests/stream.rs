@@ -3,8 +3,11 @@
 //! producer faster than its reader waits instead of piling chunks up in
 //! the worker's memory, and a reader that gives up (timeout, close, client
 //! gone) cancels the handler: its next or waiting send fails at once with
-//! "cancelled" and `cancelled()` is true. What the handler saw is recorded
-//! in a shared dict and read back over HTTP.
+//! "cancelled" and `cancelled()` is true. Input the other way: the
+//! caller's writes reach the handler's receive() in order, then the end of
+//! input, and a caller faster than its handler is held back by the same
+//! bound. What the handler saw is recorded in a shared dict and read back
+//! over HTTP.
 
 mod common;
 
@@ -79,6 +82,41 @@ const HTTP: &str = r#"
         end
         function handlers.misuse(v)
             return pcall(tp.send, v)
+        end
+        -- after pause seconds, receives every chunk until the end of
+        -- input, sending back the sum of their n fields
+        function handlers.sum(pause)
+            local deadline = ngx.now() + pause
+            while ngx.now() < deadline do
+                ngx.update_time()
+            end
+            local sum, count = 0, 0
+            while true do
+                local chunk, err = tp.receive()
+                if chunk == nil then
+                    return sum, count, err
+                end
+                sum, count = sum + chunk.n, count + 1
+                if count % 200 == 0 then
+                    assert(tp.send(sum))
+                end
+            end
+        end
+        -- receives until the caller lets go, recording why under key;
+        -- tells the caller it got the first chunk
+        function handlers.drain(key)
+            local first = true
+            while true do
+                local chunk, err = tp.receive()
+                if first then
+                    first = false
+                    assert(tp.send("got"))
+                end
+                if chunk == nil then
+                    ngx.shared.seen:set(key, tostring(err) .. " " .. tostring(tp.cancelled()))
+                    return
+                end
+            end
         end
         function handlers.badchunk()
             return tp.send(print)
@@ -197,6 +235,46 @@ const HTTP: &str = r#"
                 ngx.sleep(30)
             }
         }
+        location /input {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").gen:push_stream_opts(
+                    { chunks = 4 }, "sum", 0.3))
+                -- the handler is not receiving yet: four fit, the fifth
+                -- does not, unless it waits
+                local out = {}
+                for i = 1, 5 do
+                    local ok, err = s:write({ n = i }, true)
+                    out[#out + 1] = tostring(ok) .. (err and (":" .. err) or "")
+                end
+                local n = tonumber(ngx.var.arg_n)
+                for i = 5, n do
+                    assert(s:write({ n = i }))
+                end
+                s:close_write()
+                local sent, err = s:write({ n = 0 })
+                out[#out + 1] = tostring(sent) .. ":" .. err
+                local partial = 0
+                while true do
+                    local v, a, b = s:read()
+                    if s.done then
+                        out[#out + 1] = table.concat({ tostring(v), tostring(a), tostring(b) }, ":")
+                        break
+                    end
+                    partial = partial + 1
+                end
+                out[#out + 1] = partial
+                ngx.say(table.concat(out, " "))
+            }
+        }
+        location /input_close {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").gen:push_stream("drain", ngx.var.arg_key))
+                assert(s:write({ n = 1 }))
+                local got = s:read()
+                s:close()
+                ngx.say(got, " closed")
+            }
+        }
         location /idle {
             content_by_lua_block {
                 local s = require("resty.threadpool").gen:stats()
@@ -273,7 +351,8 @@ fn a_stream_without_chunks_is_a_task() {
     let text = n.get("/misuse").text();
     assert!(
         text.starts_with(
-            "false no stream: send() is for a handler run by push_stream | false | nil "
+            "false no stream: send() and receive() are for a handler run by push_stream \
+             | false | nil "
         ),
         "{text}"
     );
@@ -378,6 +457,38 @@ fn a_stream_whose_caller_is_gone_leaves_nothing() {
         );
         assert_eq!(r.status, 200);
     }
+    assert_idle(&n);
+    n.assert_clean_log();
+}
+
+/// Input: while the handler does not receive, the stream's bound of
+/// chunks can be written and the next write fails at once if asked not
+/// to wait; a write that waits gets in once the handler makes room; the
+/// handler gets every chunk in order, then the end of input, after which
+/// writes fail; its chunks and results come back as usual.
+#[test]
+fn a_fast_writer_waits_for_a_slow_handler() {
+    let n = start();
+    let count = 500;
+    let sum: u64 = (1..=count).sum();
+    let text = n.get(&format!("/input?n={count}")).text();
+    assert_eq!(
+        text,
+        format!(
+            "true true true true nil:stream input full nil:stream input ended {sum}:{count}:nil {}\n",
+            count / 200
+        )
+    );
+    n.assert_clean_log();
+}
+
+/// A caller that lets go while its handler waits for input cancels it:
+/// the handler's receive returns nil and "cancelled".
+#[test]
+fn closing_cancels_a_handler_waiting_for_input() {
+    let n = start();
+    assert_eq!(n.get("/input_close?key=i1").text(), "got closed\n");
+    assert_eq!(seen(&n, "i1"), "cancelled true");
     assert_idle(&n);
     n.assert_clean_log();
 }

@@ -48,6 +48,8 @@ local c_stats = core.stats
 local c_push_stream = core.push_stream
 local c_read = core.read
 local c_close = core.close
+local c_write = core.write
+local c_close_write = core.close_write
 
 local FFI_OK = 0
 local FFI_DECLINED = -5
@@ -295,6 +297,50 @@ function Stream.read(self, seconds)
         ms = timeout_ms(seconds)
     end
     return read_values(self, ms, c_read(self.id, ms))
+end
+
+-- What write returns for what c_write gave: true once written; after a
+-- wait for room, the next write (true) or the timeout, which cancels the
+-- handler.
+local function write_values(s, ms, chunk, rc, ...)
+    if rc == FFI_OK then
+        return true
+    end
+    if rc == true then
+        return write_values(s, ms, chunk, c_write(s.id, ms, true, chunk))
+    end
+    if rc == false then
+        s.done = true
+        c_close(s.id, true)
+        return nil, ...
+    end
+    if rc == FFI_BAD_CONTEXT then
+        bad_context("write")
+    end
+    return nil, ...
+end
+
+-- Writes one chunk (any value but nil that an argument may be) to the
+-- handler, which takes it with receive(): true, or nil and an error. At
+-- most the stream's bound of chunks wait unread: then the write waits for
+-- room (at most the stream's timeout, after which the handler is
+-- cancelled), or, with nowait, fails at once with "stream input full".
+function Stream.write(self, chunk, nowait)
+    check_stream(self, "write")
+    if self.done then
+        return nil, "stream closed"
+    end
+    local ms = self.timeout_ms
+    return write_values(self, ms, chunk, c_write(self.id, ms, not nowait, chunk))
+end
+
+-- The last chunk was written: the handler's receive() gives nil after the
+-- chunks.
+function Stream.close_write(self)
+    check_stream(self, "close_write")
+    if not self.done then
+        c_close_write(self.id)
+    end
 end
 
 -- Lets go of the stream before its end: a running handler is cancelled
