@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::handlers::rust_fixture;
 use common::{eventually, request, Nginx};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -490,5 +491,70 @@ fn closing_cancels_a_handler_waiting_for_input() {
     assert_eq!(n.get("/input_close?key=i1").text(), "got closed\n");
     assert_eq!(seen(&n, "i1"), "cancelled true");
     assert_idle(&n);
+    n.assert_clean_log();
+}
+
+/// A Rust pool's stream (tests/fixtures/rust_handler): its sends reach the
+/// reader in order before its results, it receives what the caller
+/// writes, and a caller that closes the stream makes its waiting send
+/// fail with "cancelled" while `cancelled()` is true.
+#[test]
+fn a_rust_handler_streams_both_ways() {
+    let lib = &rust_fixture().v1;
+    let http = r#"
+    thread_pool_process_by_rust rs LIB;
+    thread_pool_stream_chunks rs 4;
+    server {
+        listen 127.0.0.1:$PORT;
+        location /out {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").rs:push_stream("stream", 100))
+                local got = {}
+                while true do
+                    local v, n = s:read()
+                    if s.done then
+                        ngx.say(table.concat(got, ","), " ", v, " ", n)
+                        break
+                    end
+                    got[#got + 1] = v
+                end
+            }
+        }
+        location /in {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").rs:push_stream("sum"))
+                for i = 1, 100 do
+                    assert(s:write(i))
+                end
+                s:close_write()
+                ngx.say(s:read())
+            }
+        }
+        location /close {
+            content_by_lua_block {
+                local s = assert(require("resty.threadpool").rs:push_stream("forever"))
+                local a, b = s:read(), s:read()
+                s:close()
+                ngx.say(a, " ", b)
+            }
+        }
+    }
+    "#
+    .replace("LIB", &lib.display().to_string());
+    let n = Nginx::start("thread_pool rs threads=2;", &http);
+    let want: Vec<String> = (1..=100).map(|i| i.to_string()).collect();
+    assert_eq!(
+        n.get("/out").text(),
+        format!("{} end 100\n", want.join(","))
+    );
+    assert_eq!(n.get("/in").text(), "5050\n");
+    assert_eq!(n.get("/close").text(), "1 2\n");
+    assert!(
+        eventually(Duration::from_secs(20), || n
+            .error_log()
+            .contains("stream send failed: cancelled, cancelled true")),
+        "{}",
+        n.error_log()
+    );
     n.assert_clean_log();
 }

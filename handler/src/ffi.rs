@@ -65,12 +65,23 @@ pub struct ngx_tp_task_t {
     pub cancelled: unsafe extern "C" fn(task: *const ngx_tp_task_t) -> c_int,
     /// The module's; not touched here.
     pub module: *const c_void,
+    /// Hands one chunk (a payload of one value) to the stream's reader.
+    pub send:
+        unsafe extern "C" fn(task: *const ngx_tp_task_t, payload: *const u8, len: usize) -> c_int,
+    /// Writes the caller's next chunk to `out`.
+    pub receive: unsafe extern "C" fn(task: *const ngx_tp_task_t, out: *mut ngx_tp_out_t) -> c_int,
 }
 
 /// `NGX_TP_OK`: `out` holds the results.
 pub const NGX_TP_OK: c_int = 0;
 /// `NGX_TP_ERROR`: `out` holds one error value.
 pub const NGX_TP_ERROR: c_int = 1;
+/// `NGX_TP_CANCELLED`: a stream's caller let go.
+pub const NGX_TP_CANCELLED: c_int = 2;
+/// `NGX_TP_END`: a stream's input ended.
+pub const NGX_TP_END: c_int = 3;
+/// `NGX_TP_NO_STREAM`: the task was not pushed with push_stream.
+pub const NGX_TP_NO_STREAM: c_int = 4;
 /// `NGX_TP_EXT_BORROWED`: the msgpack ext type of a borrowed string.
 pub const NGX_TP_EXT_BORROWED: i8 = 1;
 /// `NGX_TP_MAX_VALUES`: most values in a payload.

@@ -17,7 +17,7 @@ mod tests;
 pub use init::Init;
 pub use results::{IntoResults, ValueList, Values};
 pub use serde_bytes;
-pub use task::{ArgError, Task};
+pub use task::{ArgError, StreamError, Task};
 
 /// An error of any type, for `process` and `init` to return with `?`
 /// ([`ArgError`], I/O errors, `String`s through `.into()`...): the caller
@@ -27,8 +27,9 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The version of the ABI (`include/ngx_threadpool.h`'s
 /// `NGX_THREADPOOL_ABI_VERSION`) this crate implements: what
 /// `ngx_threadpool_abi_version` returns. The module refuses a library
-/// built for another one.
-pub const ABI_VERSION: u32 = 1;
+/// built for a version it does not know (it loads 1 and 2; 2 added
+/// streams: [`Task::send`], [`Task::receive`]).
+pub const ABI_VERSION: u32 = 2;
 
 /// Generates the four exports of a handler library from an `init` and a
 /// `process` function; once per library, at the crate's top level.

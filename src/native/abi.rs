@@ -6,11 +6,18 @@ use crate::codec::Span;
 use std::ffi::{c_int, c_uint, c_void};
 
 /// NGX_THREADPOOL_ABI_VERSION.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
+/// The oldest version loaded: version 2 only added fields at the end of
+/// `ngx_tp_task_t`.
+pub const ABI_VERSION_MIN: u32 = 1;
 
 /// NGX_TP_OK and NGX_TP_ERROR.
 pub const OK: c_int = 0;
 pub const ERROR: c_int = 1;
+/// NGX_TP_CANCELLED, NGX_TP_END, NGX_TP_NO_STREAM (send and receive).
+pub const CANCELLED: c_int = 2;
+pub const END: c_int = 3;
+pub const NO_STREAM: c_int = 4;
 
 /// NGX_TP_LOG_ERR ... NGX_TP_LOG_DEBUG, nginx's own levels.
 pub const LOG_ERR: c_int = 4;
@@ -48,6 +55,8 @@ pub struct Task {
     pub nspans: usize,
     pub cancelled: unsafe extern "C" fn(task: *const Task) -> c_int,
     pub module: *const c_void,
+    pub send: unsafe extern "C" fn(task: *const Task, payload: *const u8, len: usize) -> c_int,
+    pub receive: unsafe extern "C" fn(task: *const Task, out: *mut Out) -> c_int,
 }
 
 /// `ngx_threadpool_abi_version`.

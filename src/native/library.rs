@@ -48,7 +48,8 @@ impl fmt::Display for LoadError {
             LoadError::Abi { path, found } => write!(
                 f,
                 "cannot load \"{path}\": it is built for handler ABI version {found}, \
-                 this module runs version {}",
+                 this module runs versions {} to {}",
+                abi::ABI_VERSION_MIN,
                 abi::ABI_VERSION
             ),
         }
@@ -87,7 +88,7 @@ impl Library {
         };
         // SAFETY: as above; the function takes nothing.
         let found = unsafe { version() };
-        if found != abi::ABI_VERSION {
+        if !(abi::ABI_VERSION_MIN..=abi::ABI_VERSION).contains(&found) {
             return Err(LoadError::Abi { path: shown, found });
         }
         Ok(Library {
