@@ -276,6 +276,15 @@ const HTTP: &str = r#"
                 ngx.say(got, " closed")
             }
         }
+        location /stats {
+            content_by_lua_block {
+                local s = require("resty.threadpool").gen:stats()
+                ngx.print(s.streams, " ", s.stream_chunks_out, " ", s.stream_bytes_out, " ",
+                          s.stream_chunks_in, " ", s.stream_bytes_in, " ",
+                          tostring(s.stream_send_wait > 0))
+            }
+        }
+        location = /metrics { thread_pool_status; }
         location /idle {
             content_by_lua_block {
                 local s = require("resty.threadpool").gen:stats()
@@ -556,5 +565,78 @@ fn a_rust_handler_streams_both_ways() {
         "{}",
         n.error_log()
     );
+    n.assert_clean_log();
+}
+
+/// stats() and thread_pool_status count streams, the chunks and bytes
+/// each way, and the time handlers' sends waited for their reader (which
+/// they did: the reader of /flood sleeps before it reads).
+#[test]
+fn streams_are_counted() {
+    let n = start();
+    assert_eq!(n.get("/stats").text(), "0 0 0 0 0 false");
+    n.get("/count?n=100");
+    n.get("/input?n=10");
+    n.get("/flood?n=100&size=1000");
+    let text = n.get("/stats").text();
+    let v: Vec<&str> = text.split(' ').collect();
+    assert_eq!(v[0], "3", "{text}");
+    // 100 + 0 (the sum's chunks: 10 < 200) + 100
+    assert_eq!(v[1], "200", "{text}");
+    assert!(v[2].parse::<u64>().unwrap() > 100 * 1000, "{text}");
+    assert_eq!(v[3], "10", "{text}");
+    assert!(v[4].parse::<u64>().unwrap() > 0, "{text}");
+    assert_eq!(v[5], "true", "{text}");
+    let metrics = n.get("/metrics").text();
+    for line in [
+        "ngx_threadpool_streams_total{pool=\"gen\",worker=\"0\"} 3",
+        "ngx_threadpool_stream_chunks_out_total{pool=\"gen\",worker=\"0\"} 200",
+        "ngx_threadpool_stream_chunks_in_total{pool=\"gen\",worker=\"0\"} 10",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+    assert!(
+        metrics.contains(
+            "ngx_threadpool_stream_send_wait_seconds_total{pool=\"gen\",worker=\"0\"} 0."
+        ) && !metrics.contains(
+            "ngx_threadpool_stream_send_wait_seconds_total{pool=\"gen\",worker=\"0\"} 0\n"
+        ),
+        "{metrics}"
+    );
+    n.assert_clean_log();
+}
+
+/// The pool's queue bound counts a stream as a task: with one thread busy
+/// streaming and one stream queued, the next push_stream is refused with
+/// "queue full".
+#[test]
+fn the_queue_bound_covers_streams() {
+    let http = r#"
+    thread_pool_process_by_lua_block q {
+        local tp = require "resty.threadpool"
+        return function()
+            assert(tp.send("started"))
+            return tp.receive()
+        end
+    }
+    server {
+        listen 127.0.0.1:$PORT;
+        location /full {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local a = assert(tp.q:push_stream())
+                local started = a:read()
+                local b, berr = tp.q:push_stream()
+                local c, cerr = tp.q:push_stream()
+                a:close()
+                b:close()
+                ngx.say(started, " ", tostring(b ~= nil), " ", tostring(berr), " ",
+                        tostring(c), " ", cerr)
+            }
+        }
+    }
+    "#;
+    let n = Nginx::start("thread_pool q threads=1 max_queue=1;", http);
+    assert_eq!(n.get("/full").text(), "started true nil nil queue full\n");
     n.assert_clean_log();
 }

@@ -152,7 +152,11 @@ local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
 -- then the shadow counters (thread_pool_shadow), as shadow_<name>
 local SHADOW = { "compared", "mismatched", "skipped" }
 local SHADOW_AT = #COUNTERS + 2 * (#BOUNDS + 1)
-local STATS_LEN = SHADOW_AT + #SHADOW
+-- then the stream counters, as stream_<name> (streams: as it is)
+local STREAM = { "streams", "chunks_out", "bytes_out", "chunks_in",
+                 "bytes_in", "send_wait_us" }
+local STREAM_AT = SHADOW_AT + #SHADOW
+local STATS_LEN = STREAM_AT + #STREAM
 
 local function histogram(counters, offset)
     local buckets = new_tab(#BOUNDS, 0)
@@ -384,13 +388,19 @@ function Pool.stats(self)
         end
         return nil, "no stats outside a worker process"
     end
-    local t = new_tab(0, #COUNTERS + #SHADOW + 3)
+    local t = new_tab(0, #COUNTERS + #SHADOW + #STREAM + 3)
     for i = 1, #COUNTERS do
         t[COUNTERS[i]] = counters[i]
     end
     for i = 1, #SHADOW do
         t["shadow_" .. SHADOW[i]] = counters[SHADOW_AT + i]
     end
+    t.streams = counters[STREAM_AT + 1]
+    for i = 2, #STREAM - 1 do
+        t["stream_" .. STREAM[i]] = counters[STREAM_AT + i]
+    end
+    -- seconds, as the histograms' sums
+    t.stream_send_wait = counters[STREAM_AT + #STREAM] / 1e6
     t.in_flight = t.queued + t.busy
     t.wait = histogram(counters, #COUNTERS)
     t.run = histogram(counters, #COUNTERS + #BOUNDS + 1)

@@ -24,8 +24,9 @@ use crate::handoff::payload::Payload;
 use crossbeam_channel::Sender;
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What a handler's send gets once the stream's caller let go of it
 /// (timeout, close, request gone).
@@ -46,6 +47,9 @@ pub struct Stream {
     data: Condvar,
     /// The worker's channel of streams with a chunk for a waiting reader.
     ready: Sender<u64>,
+    /// How long sends waited for room, in µs (the pool's counter takes it
+    /// when the record is freed).
+    waited_us: AtomicU64,
 }
 
 #[derive(Default)]
@@ -93,6 +97,7 @@ impl Stream {
             space: Condvar::new(),
             data: Condvar::new(),
             ready,
+            waited_us: AtomicU64::new(0),
         }
     }
 
@@ -102,15 +107,17 @@ impl Stream {
     }
 
     /// Appends a chunk, waiting while `bound` chunks are unread (pool
-    /// thread): how long it waited, or Closed at once when the reader let
-    /// go (the chunk is dropped).
-    pub fn send(&self, chunk: Payload, wake: impl FnOnce()) -> Result<Duration, Closed> {
+    /// thread), or Closed at once when the reader let go (the chunk is
+    /// dropped).
+    pub fn send(&self, chunk: Payload, wake: impl FnOnce()) -> Result<(), Closed> {
         let mut q = self.lock();
-        let mut waited = None;
-        while !q.closed && q.chunks.len() >= self.bound {
-            let since = *waited.get_or_insert_with(Instant::now);
-            q = self.space.wait(q).unwrap_or_else(PoisonError::into_inner);
-            waited = Some(since);
+        if !q.closed && q.chunks.len() >= self.bound {
+            let since = Instant::now();
+            while !q.closed && q.chunks.len() >= self.bound {
+                q = self.space.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+            let us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.waited_us.fetch_add(us, Ordering::Relaxed);
         }
         if q.closed {
             return Err(Closed);
@@ -121,7 +128,12 @@ impl Stream {
         if want && self.ready.send(self.task).is_ok() {
             wake();
         }
-        Ok(waited.map_or(Duration::ZERO, |t| t.elapsed()))
+        Ok(())
+    }
+
+    /// How long its sends waited for room so far, in µs.
+    pub fn waited_us(&self) -> u64 {
+        self.waited_us.load(Ordering::Relaxed)
     }
 
     /// The next chunk, or Empty with the reader marked as waiting (event
@@ -242,6 +254,7 @@ mod tests {
     use super::*;
     use crossbeam_channel::unbounded;
     use std::sync::Arc;
+    use std::time::Duration;
 
     fn chunk(b: u8) -> Payload {
         Payload {

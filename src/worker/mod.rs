@@ -286,6 +286,7 @@ impl Worker {
         let mut work = self.tasks.work(task, index, args);
         if let (Some(bound), Some(w)) = (stream, Arc::get_mut(&mut work)) {
             w.stream = Some(Stream::new(task, bound, self.ready.0.clone()));
+            PoolStats::add(&pool.stats.streams);
         }
         if task != POSTED {
             self.tasks.set_work(task, work.clone());

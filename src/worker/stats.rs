@@ -158,6 +158,16 @@ pub struct PoolStats {
     /// Tasks whose caller went away before they finished: its request
     /// ended, or its light thread was killed.
     pub abandoned: AtomicU64,
+    /// Streams pushed (push_stream); of them, the chunks and bytes
+    /// (encoded) their readers took and their callers wrote, and the time
+    /// their handlers' sends waited for room, in µs, counted when a
+    /// stream's record is freed (worker/tasks.rs).
+    pub streams: AtomicU64,
+    pub stream_chunks_out: AtomicU64,
+    pub stream_bytes_out: AtomicU64,
+    pub stream_chunks_in: AtomicU64,
+    pub stream_bytes_in: AtomicU64,
+    pub stream_send_wait_us: AtomicU64,
     _event_loop_side: Apart,
 }
 
@@ -181,8 +191,22 @@ pub const SHADOW_NAMES: [&str; 3] = ["compared", "mismatched", "skipped"];
 /// Where the shadow counters start in `write`'s numbers.
 pub const SHADOW_AT: usize = COUNTER_NAMES.len() + 2 * (BUCKETS + 1);
 
+/// Names of the stream counters, in `write`'s order, after the shadow
+/// counters.
+pub const STREAM_NAMES: [&str; 6] = [
+    "streams",
+    "chunks_out",
+    "bytes_out",
+    "chunks_in",
+    "bytes_in",
+    "send_wait_us",
+];
+
+/// Where the stream counters start in `write`'s numbers.
+pub const STREAM_AT: usize = SHADOW_AT + SHADOW_NAMES.len();
+
 /// How many numbers `PoolStats::write` produces.
-pub const STATS_LEN: usize = SHADOW_AT + SHADOW_NAMES.len();
+pub const STATS_LEN: usize = STREAM_AT + STREAM_NAMES.len();
 
 impl PoolStats {
     /// Every number back to 0 (a worker that starts in a slot of the
@@ -192,6 +216,7 @@ impl PoolStats {
         all.extend([&self.errors, &self.cancelled, &self.admitted, &self.pushed]);
         all.extend([&self.rejected, &self.timed_out, &self.abandoned]);
         all.extend(self.shadow_counters());
+        all.extend(self.stream_counters());
         for h in [&self.wait, &self.run] {
             all.extend(h.buckets.iter());
             all.push(&h.sum_us);
@@ -250,10 +275,21 @@ impl PoolStats {
         ]
     }
 
+    fn stream_counters(&self) -> [&AtomicU64; STREAM_NAMES.len()] {
+        [
+            &self.streams,
+            &self.stream_chunks_out,
+            &self.stream_bytes_out,
+            &self.stream_chunks_in,
+            &self.stream_bytes_in,
+            &self.stream_send_wait_us,
+        ]
+    }
+
     /// The numbers in the order the shim reads them: threads, busy, queued,
     /// pushed, completed, errors, rejected, timed_out, abandoned, cancelled,
     /// then the wait and run histograms (bucket counts, then the sum in
-    /// µs), then the shadow counters.
+    /// µs), then the shadow counters, then the stream counters.
     pub fn write(&self, out: &mut Vec<u64>) {
         out.extend([
             self.threads.load(Relaxed),
@@ -274,6 +310,7 @@ impl PoolStats {
         self.wait.write(out);
         self.run.write(out);
         out.extend(self.shadow_counters().map(|c| c.load(Relaxed)));
+        out.extend(self.stream_counters().map(|c| c.load(Relaxed)));
     }
 }
 

@@ -18,6 +18,7 @@ use crate::ngx::lua::Sema;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::Ordering;
 
 const NONE: u32 = u32::MAX;
 /// Generations stay below 2^20 so a handle is exact as a Lua number.
@@ -331,7 +332,14 @@ impl Tasks {
             return Read::Gone;
         };
         match stream.take() {
-            Taken::Chunk(chunk) => Read::Chunk(chunk),
+            Taken::Chunk(chunk) => {
+                if let Some(stats) = self.stats.get(slot.pool as usize) {
+                    PoolStats::add(&stats.stream_chunks_out);
+                    let bytes = chunk.bytes.len() as u64;
+                    stats.stream_bytes_out.fetch_add(bytes, Ordering::Relaxed);
+                }
+                Read::Chunk(chunk)
+            }
             Taken::Empty if done => Read::Done,
             Taken::Empty => Read::Wait,
         }
@@ -343,10 +351,16 @@ impl Tasks {
         let Some(slot) = self.slot(id).filter(|s| s.state == State::Running) else {
             return Written::Ended;
         };
-        match slot.work.as_ref().and_then(|w| w.stream.as_ref()) {
-            Some(stream) => stream.write(chunk, wait),
-            None => Written::Ended,
+        let Some(stream) = slot.work.as_ref().and_then(|w| w.stream.as_ref()) else {
+            return Written::Ended;
+        };
+        let bytes = chunk.bytes.len() as u64;
+        let written = stream.write(chunk, wait);
+        if let (Written::Done, Some(stats)) = (&written, self.stats.get(slot.pool as usize)) {
+            PoolStats::add(&stats.stream_chunks_in);
+            stats.stream_bytes_in.fetch_add(bytes, Ordering::Relaxed);
         }
+        written
     }
 
     /// The caller of stream `id` wrote its last chunk.
@@ -527,6 +541,13 @@ impl Tasks {
     fn release_index(&mut self, index: u32) -> Option<Job> {
         self.unlink(index);
         let slot = &mut self.slots[index as usize];
+        let stream = slot.work.as_ref().and_then(|w| w.stream.as_ref());
+        if let (Some(stream), Some(stats)) = (stream, self.stats.get(slot.pool as usize)) {
+            let waited = stream.waited_us();
+            stats
+                .stream_send_wait_us
+                .fetch_add(waited, Ordering::Relaxed);
+        }
         let key = slot.waiter as usize;
         if self.newest.get(&key) == Some(&join(slot.gen, index)) {
             self.newest.remove(&key);
