@@ -48,9 +48,14 @@ WORKERS = 2
 # With no request in flight, how long to wait before reading /proc: pool
 # threads that moved large strings collect and trim when they go idle.
 SETTLE_S = 1.0
-# Reads of each process per sample, this far apart (see sample()).
+# Reads of each process per sample, this far apart (see sample()), and
+# more while its RSS still falls by more than RSS_SETTLED_KIB across them
+# (pool threads give memory back once idle: on a busy machine, later), up
+# to SETTLE_MAX_S.
 READS = 4
 READ_GAP_S = 0.25
+RSS_SETTLED_KIB = 1024
+SETTLE_MAX_S = 20.0
 # The early sample of a generation, this long after the reload.
 EARLY_S = 10.0
 
@@ -283,12 +288,16 @@ class Soak:
                 # the fewest fds of a few reads: a connection whose request
                 # is still ending on the server side is not a leak
                 reads = []
-                for i in range(READS):
+                end = time.monotonic() + SETTLE_MAX_S
+                while True:
                     u = proc.usage(pid)
                     if u:
                         reads.append(u)
-                    if i + 1 < READS:
-                        time.sleep(READ_GAP_S)
+                    last = [r["rss_kib"] for r in reads[-READS:]]
+                    if len(reads) >= READS and last[0] - last[-1] <= RSS_SETTLED_KIB \
+                            or time.monotonic() >= end or not u:
+                        break
+                    time.sleep(READ_GAP_S)
                 if reads:
                     u = dict(reads[-1], fds=min(r["fds"] for r in reads))
                     self.samples.append(dict(t=round(t, 1), gen=self.gen, role=role,
