@@ -276,6 +276,21 @@ const HTTP: &str = r#"
                 ngx.say(got, " closed")
             }
         }
+        location /kill {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local key = ngx.var.arg_key
+                local reader = ngx.thread.spawn(function()
+                    local s = assert(tp.gen:push_stream_opts({ chunks = 1 }, "forever", key))
+                    while not s.done do
+                        s:read()
+                    end
+                end)
+                ngx.sleep(0.05)
+                ngx.thread.kill(reader)
+                ngx.say("killed")
+            }
+        }
         location /stats {
             content_by_lua_block {
                 local s = require("resty.threadpool").gen:stats()
@@ -638,5 +653,149 @@ fn the_queue_bound_covers_streams() {
     "#;
     let n = Nginx::start("thread_pool q threads=1 max_queue=1;", http);
     assert_eq!(n.get("/full").text(), "started true nil nil queue full\n");
+    n.assert_clean_log();
+}
+
+/// A reader whose light thread is killed: its handler, left waiting for
+/// room, is cancelled when the request ends.
+#[test]
+fn a_killed_reader_cancels_its_handler_when_the_request_ends() {
+    let n = start();
+    assert_eq!(n.get("/kill?key=k1").text(), "killed\n");
+    assert_eq!(seen(&n, "k1"), "cancelled true");
+    assert_idle(&n);
+    n.assert_clean_log();
+}
+
+/// Every way a stream's caller goes away, and streams that end normally,
+/// in one nginx process under valgrind's memcheck (`make valgrind`): no
+/// memory error, no definite leak but nginx's own (tests/valgrind.supp).
+#[test]
+#[ignore = "needs valgrind; run with `make valgrind`"]
+fn stream_endings_under_valgrind() {
+    let mut n = Nginx::start_under_valgrind("", HTTP);
+    for i in 0..5 {
+        for path in [
+            format!("/close?key=vc{i}"),
+            format!("/timeout?key=vt{i}&pause=0.3"),
+            format!("/input_close?key=vi{i}"),
+            format!("/kill?key=vk{i}"),
+            "/count?n=50".to_string(),
+            "/fail".to_string(),
+            "/input?n=20".to_string(),
+        ] {
+            assert_eq!(n.get(&path).status, 200, "{path}");
+        }
+        let mut s = TcpStream::connect(("127.0.0.1", n.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(s, "GET /abort?key=va{i} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = [0u8; 256];
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains("chunk 1") {
+            let k = s.read(&mut buf).unwrap();
+            assert!(k > 0, "closed early");
+            got.extend_from_slice(&buf[..k]);
+        }
+        drop(s);
+        assert_eq!(seen(&n, &format!("va{i}")), "cancelled true");
+    }
+    for i in 0..5 {
+        for (key, want) in [
+            ("vc", "cancelled true"),
+            ("vt", "nil cancelled true"),
+            ("vi", "cancelled true"),
+            ("vk", "cancelled true"),
+        ] {
+            assert_eq!(seen(&n, &format!("{key}{i}")), want);
+        }
+    }
+    assert_idle(&n);
+    n.quit_under_valgrind();
+    n.assert_clean_log();
+}
+
+/// Shadowing (`thread_pool_shadow`) runs a stream again on the shadow
+/// pool with the same arguments and the same input, and compares the
+/// whole sequence of chunks and the results: alike, it counts a
+/// comparison; a chunk that differs counts a mismatch and logs which.
+#[test]
+fn a_shadow_compares_the_chunks_and_the_result() {
+    let handler = |last: &str| {
+        format!(
+            r#"
+        local tp = require "resty.threadpool"
+        return function(n, differ)
+            local sum = 0
+            while true do
+                local v = tp.receive()
+                if v == nil then
+                    break
+                end
+                sum = sum + v
+            end
+            for i = 1, n - 1 do
+                assert(tp.send(i + sum))
+            end
+            assert(tp.send({last}))
+            return "end"
+        end"#
+        )
+    };
+    let http = format!(
+        r#"
+    lua_thread_pool main threads=1;
+    lua_thread_pool alt threads=1;
+    thread_pool_shadow main alt sample=1;
+    thread_pool_process_by_lua_block main {{ {} }}
+    thread_pool_process_by_lua_block alt {{ {} }}
+    server {{
+        listen 127.0.0.1:$PORT;
+        location /run {{
+            content_by_lua_block {{
+                local tp = require "resty.threadpool"
+                local s = assert(tp.main:push_stream(5, ngx.var.arg_differ == "1"))
+                assert(s:write(10))
+                assert(s:write(20))
+                s:close_write()
+                local got = {{}}
+                while true do
+                    local v = s:read()
+                    if s.done then
+                        ngx.say(table.concat(got, ","), " ", v)
+                        break
+                    end
+                    got[#got + 1] = v
+                end
+            }}
+        }}
+        location /stats {{
+            content_by_lua_block {{
+                local s = require("resty.threadpool").main:stats()
+                ngx.print(s.shadow_compared, " ", s.shadow_mismatched)
+            }}
+        }}
+    }}
+"#,
+        handler("n + sum"),
+        handler("differ and 0 or n + sum")
+    );
+    let n = Nginx::start("", &http);
+    assert_eq!(n.get("/run").text(), "31,32,33,34,35 end\n");
+    assert!(
+        eventually(Duration::from_secs(10), || n.get("/stats").text() == "1 0"),
+        "{}",
+        n.get("/stats").text()
+    );
+    assert_eq!(n.get("/run?differ=1").text(), "31,32,33,34,35 end\n");
+    assert!(
+        eventually(Duration::from_secs(10), || n.get("/stats").text() == "2 1"),
+        "{}",
+        n.get("/stats").text()
+    );
+    let log = n.error_log();
+    assert!(
+        log.contains("\"main\" sent 5 chunks and \"alt\" 5, the first that differs is #5"),
+        "{log}"
+    );
     n.assert_clean_log();
 }

@@ -65,6 +65,16 @@ struct Queue {
     writer_waits: bool,
     /// The caller wrote its last chunk (close_write).
     input_ended: bool,
+    /// Copies of what crossed, for a shadow to run and compare again
+    /// (pool/shadow.rs); None unless the stream was sampled.
+    recorded: Option<Recorded>,
+}
+
+/// The chunks that crossed a stream, each way, as encoded (no spans).
+#[derive(Default)]
+pub struct Recorded {
+    pub sent: Vec<Vec<u8>>,
+    pub received: Vec<Vec<u8>>,
 }
 
 /// What a write finds.
@@ -121,6 +131,9 @@ impl Stream {
         }
         if q.closed {
             return Err(Closed);
+        }
+        if let Some(r) = &mut q.recorded {
+            r.sent.push(chunk.bytes.clone());
         }
         q.chunks.push_back(chunk);
         let want = std::mem::take(&mut q.want);
@@ -201,6 +214,9 @@ impl Stream {
                 return Err(Closed);
             }
             if let Some(chunk) = q.input.pop_front() {
+                if let Some(r) = &mut q.recorded {
+                    r.received.push(chunk.bytes.clone());
+                }
                 let writer = std::mem::take(&mut q.writer_waits);
                 drop(q);
                 if writer && self.ready.send(self.task).is_ok() {
@@ -215,8 +231,39 @@ impl Stream {
         }
     }
 
-    pub fn is_closed(&self) -> bool {
-        self.lock().closed
+    /// A stream that no one reads, whose input is `input` and ended: the
+    /// one a shadow runs the handler with; its sends never wait.
+    pub fn detached(input: Vec<Vec<u8>>) -> Stream {
+        let (ready, _) = crossbeam_channel::bounded(0);
+        let s = Stream::new(0, usize::MAX, ready);
+        {
+            let mut q = s.lock();
+            q.input = input
+                .into_iter()
+                .map(|bytes| Payload {
+                    bytes,
+                    ..Payload::default()
+                })
+                .collect();
+            q.input_ended = true;
+        }
+        s
+    }
+
+    /// Keeps copies of the chunks from now on (pool thread, before the
+    /// handler runs).
+    pub fn record(&self) {
+        self.lock().recorded = Some(Recorded::default());
+    }
+
+    /// The copies kept since `record`.
+    pub fn take_recorded(&self) -> Option<Recorded> {
+        self.lock().recorded.take()
+    }
+
+    /// The chunks sent and not read (a detached stream's: all of them).
+    pub fn take_chunks(&self) -> Vec<Payload> {
+        self.lock().chunks.drain(..).collect()
     }
 }
 
