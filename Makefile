@@ -106,6 +106,8 @@ run: build images
 	@echo "  curl \"http://127.0.0.1:8080/waf-inline/?q=hello\"    the WAF on the event loop"
 	@echo "  curl \"http://127.0.0.1:8080/waf-rust/?q=<script>\"   the same rules in Rust (and /metrics: the shadow's counts)"
 	@echo "  http://127.0.0.1:8080/thumbs.html            thumbnails by ImageMagick in a pool thread and inline"
+	@echo "  curl -so /dev/null -w '%{time_starttransfer} %{time_total}\\n' 'http://127.0.0.1:8080/gzip?mb=64'"
+	@echo "       64 MiB gzipped in a pool thread, streamed as it is made (/gzip-whole: returned whole)"
 	@echo "  curl http://127.0.0.1:8080/metrics           the pools' and the accept gate's metrics"
 	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
 
