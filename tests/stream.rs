@@ -12,7 +12,7 @@
 mod common;
 
 use common::handlers::rust_fixture;
-use common::{eventually, request, Nginx};
+use common::{eventually, request, status_kib, Nginx};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -132,9 +132,10 @@ const HTTP: &str = r#"
         location /seen {
             content_by_lua_block { ngx.print(ngx.shared.seen:get(ngx.var.arg_k)) }
         }
-        location /count {
+        location /chunks {
             content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream("count", tonumber(ngx.var.arg_n)))
+                local s = assert(require("resty.threadpool").gen:push_stream(ngx.var.arg_what,
+                                                                            tonumber(ngx.var.arg_n)))
                 local got = {}
                 while true do
                     local v, err = s:read()
@@ -144,20 +145,6 @@ const HTTP: &str = r#"
                     end
                     if type(v) == "table" then
                         v = "t" .. v.i .. v.s[1]
-                    end
-                    got[#got + 1] = v
-                end
-            }
-        }
-        location /fail {
-            content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream("fail", 40))
-                local got = {}
-                while true do
-                    local v, err = s:read()
-                    if s.done then
-                        ngx.say(table.concat(got, ","), " ", tostring(v), " ", tostring(err))
-                        break
                     end
                     got[#got + 1] = v
                 end
@@ -335,7 +322,7 @@ fn assert_idle(n: &Nginx) {
 #[test]
 fn chunks_come_in_order_then_the_results() {
     let n = start();
-    let r = n.get("/count?n=2000");
+    let r = n.get("/chunks?what=count&n=2000");
     assert_eq!(r.status, 200);
     let text = r.text();
     let (chunks, rest) = text.trim_end().split_once(' ').expect(&text);
@@ -358,7 +345,7 @@ fn an_error_after_chunks_comes_after_them() {
     let n = start();
     let want: Vec<String> = (1..=40).map(|i| i.to_string()).collect();
     let want = format!("{} nil failed after 40\n", want.join(","));
-    assert_eq!(n.get("/fail").text(), want);
+    assert_eq!(n.get("/chunks?what=fail&n=40").text(), want);
     n.assert_clean_log();
 }
 
@@ -388,16 +375,6 @@ fn a_stream_without_chunks_is_a_task() {
     n.assert_clean_log();
 }
 
-/// Peak resident memory of a process in KiB.
-fn hwm_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// 10,000 chunks of 64 KiB (625 MiB) sent as fast as the handler can to
 /// a reader that sleeps: the worker's peak RSS grows by less than the
 /// bound docs/streaming.md states (64 MiB: 16 unread chunks, the ones
@@ -412,10 +389,10 @@ fn a_fast_handler_waits_for_a_slow_reader() {
         n.get("/flood?n=100&size=65536").text(),
         "100 6553600 100 nil\n"
     );
-    let before = hwm_kib(worker);
+    let before = status_kib(worker, "VmHWM:");
     let r = n.get("/flood?n=10000&size=65536");
     assert_eq!(r.text(), "10000 655360000 10000 nil\n");
-    let grew = hwm_kib(worker).saturating_sub(before);
+    let grew = status_kib(worker, "VmHWM:").saturating_sub(before);
     eprintln!("peak RSS grew by {grew} KiB");
     assert!(grew < 64 * 1024, "peak RSS grew by {grew} KiB");
     n.assert_clean_log();
@@ -426,9 +403,20 @@ fn a_fast_handler_waits_for_a_slow_reader() {
 /// closed.
 #[test]
 fn closing_cancels_the_handler() {
+    cancels(
+        "/close?key=c1",
+        "1 2 nil stream closed\n",
+        "c1",
+        "cancelled true",
+    );
+}
+
+/// `path` answers `body`, and the handler it started records `seen` under
+/// `key`; then no handler is left running.
+fn cancels(path: &str, body: &str, key: &str, want: &str) {
     let n = start();
-    assert_eq!(n.get("/close?key=c1").text(), "1 2 nil stream closed\n");
-    assert_eq!(seen(&n, "c1"), "cancelled true");
+    assert_eq!(n.get(path).text(), body);
+    assert_eq!(seen(&n, key), want);
     assert_idle(&n);
     n.assert_clean_log();
 }
@@ -436,11 +424,12 @@ fn closing_cancels_the_handler() {
 /// A read that times out cancels the handler: its next send fails.
 #[test]
 fn a_read_timeout_cancels_the_handler() {
-    let n = start();
-    assert_eq!(n.get("/timeout?key=t1").text(), "first nil timeout true\n");
-    assert_eq!(seen(&n, "t1"), "nil cancelled true");
-    assert_idle(&n);
-    n.assert_clean_log();
+    cancels(
+        "/timeout?key=t1",
+        "first nil timeout true\n",
+        "t1",
+        "nil cancelled true",
+    );
 }
 
 /// A client that goes away while its request reads a stream: the
@@ -511,11 +500,12 @@ fn a_fast_writer_waits_for_a_slow_handler() {
 /// the handler's receive returns nil and "cancelled".
 #[test]
 fn closing_cancels_a_handler_waiting_for_input() {
-    let n = start();
-    assert_eq!(n.get("/input_close?key=i1").text(), "got closed\n");
-    assert_eq!(seen(&n, "i1"), "cancelled true");
-    assert_idle(&n);
-    n.assert_clean_log();
+    cancels(
+        "/input_close?key=i1",
+        "got closed\n",
+        "i1",
+        "cancelled true",
+    );
 }
 
 /// A Rust pool's stream (tests/fixtures/rust_handler): its sends reach the
@@ -590,7 +580,7 @@ fn a_rust_handler_streams_both_ways() {
 fn streams_are_counted() {
     let n = start();
     assert_eq!(n.get("/stats").text(), "0 0 0 0 0 false");
-    n.get("/count?n=100");
+    n.get("/chunks?what=count&n=100");
     n.get("/input?n=10");
     n.get("/flood?n=100&size=1000");
     let text = n.get("/stats").text();
@@ -660,11 +650,7 @@ fn the_queue_bound_covers_streams() {
 /// room, is cancelled when the request ends.
 #[test]
 fn a_killed_reader_cancels_its_handler_when_the_request_ends() {
-    let n = start();
-    assert_eq!(n.get("/kill?key=k1").text(), "killed\n");
-    assert_eq!(seen(&n, "k1"), "cancelled true");
-    assert_idle(&n);
-    n.assert_clean_log();
+    cancels("/kill?key=k1", "killed\n", "k1", "cancelled true");
 }
 
 /// Every way a stream's caller goes away, and streams that end normally,
@@ -680,8 +666,8 @@ fn stream_endings_under_valgrind() {
             format!("/timeout?key=vt{i}&pause=0.3"),
             format!("/input_close?key=vi{i}"),
             format!("/kill?key=vk{i}"),
-            "/count?n=50".to_string(),
-            "/fail".to_string(),
+            "/chunks?what=count&n=50".to_string(),
+            "/chunks?what=fail&n=40".to_string(),
             "/input?n=20".to_string(),
         ] {
             assert_eq!(n.get(&path).status, 200, "{path}");

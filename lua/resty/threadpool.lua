@@ -218,10 +218,12 @@ function Pool.push_tasks_timeout(self, seconds, list)
     return push_batch(self, timeout_ms(seconds), list)
 end
 
--- What read returns for what c_read gave: a chunk; or, at the end
--- (s.done), the handler's return values or nil and its error; or, after a
--- wait, the next read (true) or the timeout, which cancels the handler.
-local function read_values(s, ms, rc, ...)
+-- What a stream's read or write returns for what its C function gave
+-- (the module's code, then values): a chunk; at the end (s.done), the
+-- handler's return values or nil and its error; true once written; after
+-- a wait, the call again (true) or the timeout, which cancels the handler
+-- (false); else nil and the message. `chunk` is write's, nil for a read.
+local function stream_result(s, api, ms, chunk, rc, ...)
     if rc == READ_CHUNK then
         return ...
     end
@@ -229,8 +231,14 @@ local function read_values(s, ms, rc, ...)
         s.done = true
         return ...
     end
+    if rc == FFI_OK then
+        return true
+    end
     if rc == true then
-        return read_values(s, ms, c_read(s.id, ms))
+        if api == "read" then
+            return stream_result(s, api, ms, nil, c_read(s.id, ms))
+        end
+        return stream_result(s, api, ms, chunk, c_write(s.id, ms, true, chunk))
     end
     if rc == false then
         s.done = true
@@ -238,7 +246,7 @@ local function read_values(s, ms, rc, ...)
         return nil, ...
     end
     if rc == FFI_BAD_CONTEXT then
-        bad_context("read")
+        bad_context(api)
     end
     return nil, ...
 end
@@ -300,28 +308,7 @@ function Stream.read(self, seconds)
     if seconds ~= nil then
         ms = timeout_ms(seconds)
     end
-    return read_values(self, ms, c_read(self.id, ms))
-end
-
--- What write returns for what c_write gave: true once written; after a
--- wait for room, the next write (true) or the timeout, which cancels the
--- handler.
-local function write_values(s, ms, chunk, rc, ...)
-    if rc == FFI_OK then
-        return true
-    end
-    if rc == true then
-        return write_values(s, ms, chunk, c_write(s.id, ms, true, chunk))
-    end
-    if rc == false then
-        s.done = true
-        c_close(s.id, true)
-        return nil, ...
-    end
-    if rc == FFI_BAD_CONTEXT then
-        bad_context("write")
-    end
-    return nil, ...
+    return stream_result(self, "read", ms, nil, c_read(self.id, ms))
 end
 
 -- Writes one chunk (any value but nil that an argument may be) to the
@@ -335,7 +322,8 @@ function Stream.write(self, chunk, nowait)
         return nil, "stream closed"
     end
     local ms = self.timeout_ms
-    return write_values(self, ms, chunk, c_write(self.id, ms, not nowait, chunk))
+    return stream_result(self, "write", ms, chunk,
+                         c_write(self.id, ms, not nowait, chunk))
 end
 
 -- The last chunk was written: the handler's receive() gives nil after the

@@ -407,6 +407,18 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
     unsafe {
         let pool = pool_arg(l, 1, c"push");
         let ms = ms_arg(l, 2, c"push");
+        push_one(l, pool, Mode::Wait(ms))
+    }
+}
+
+/// What push and push_stream share: encodes the values at 3..=top as one
+/// task's arguments and queues it.
+///
+/// # Safety
+/// As refused, with the arguments checked.
+unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode) -> c_int {
+    // SAFETY: forwarded; the values are at 3..=top.
+    unsafe {
         let n = (lua::lua_gettop(l) - 2).max(0) as usize;
         let borrow = borrow_of(l, pool);
         let mut args = new_args();
@@ -422,7 +434,7 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
             return refused(l, ERROR, &e.to_string());
         }
         args.end_part();
-        queue(l, pool, Mode::Wait(ms), args, Values::Stack(3, n), borrow)
+        queue(l, pool, mode, args, Values::Stack(3, n), borrow)
     }
 }
 
@@ -880,29 +892,7 @@ unsafe extern "C-unwind" fn push_stream(l: *mut lua_State) -> c_int {
                 .map_or(1, |p| p.settings.stream_chunks),
             n => n,
         };
-        let n = (lua::lua_gettop(l) - 2).max(0) as usize;
-        let borrow = borrow_of(l, pool);
-        let mut args = new_args();
-        if let Err(e) = codec::write_values(
-            l,
-            Source::Stack(3),
-            n,
-            "argument",
-            borrow,
-            &mut args.bytes,
-            &mut args.spans,
-        ) {
-            return refused(l, ERROR, &e.to_string());
-        }
-        args.end_part();
-        queue(
-            l,
-            pool,
-            Mode::Stream(chunks),
-            args,
-            Values::Stack(3, n),
-            borrow,
-        )
+        push_one(l, pool, Mode::Stream(chunks))
     }
 }
 
