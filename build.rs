@@ -1,4 +1,5 @@
-//! Generates the nginx bindings from the nginx that will load the module.
+//! Generates the nginx bindings from the nginx that will load the module,
+//! and the native handlers' ABI from its C header.
 //!
 //! Debian's nginx-dev ships the source tree and the exact configure flags of
 //! the packaged binary; configuring a copy of it yields `objs/ngx_auto_config.h`
@@ -43,6 +44,25 @@ fn main() {
         .expect("bindgen failed on wrapper.h")
         .write_to_file(out.join("bindings.rs"))
         .expect("cannot write bindings.rs");
+    handler_abi(&out);
+}
+
+/// The C ABI of native handlers (src/native/abi.rs includes it): the
+/// header's types, its exports' function types and its constants, as
+/// handler libraries are built against them.
+fn handler_abi(out: &Path) {
+    const HEADER: &str = "handler/include/ngx_threadpool.h";
+    println!("cargo:rerun-if-changed={HEADER}");
+    bindgen::Builder::default()
+        .header(HEADER)
+        .allowlist_type("ngx_tp_.*|ngx_threadpool_.*")
+        .allowlist_var("NGX_TP_.*|NGX_THREADPOOL_.*")
+        .layout_tests(false)
+        .generate_comments(false)
+        .generate()
+        .expect("bindgen failed on the handler header")
+        .write_to_file(out.join("handler_abi.rs"))
+        .expect("cannot write handler_abi.rs");
 }
 
 /// Hands Cargo.toml's `[package.metadata.lua-nginx-module]` range to the

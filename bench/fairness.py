@@ -11,6 +11,13 @@ bench/out/fairness.json.
 Simulated cells: the task sleeps SERVICE_MS in usleep, so 24 busy threads fit
 on 2 cores (service time, not CPU). Real cells: the thumbnail handler of
 nginx-conf/thumb.lua at a small scale. QUICK=1 (or --quick): a ~2 minute smoke.
+
+Overload cells (also alone: --overload; writes bench/OVERLOAD.md and
+bench/out/overload.json): the simulated task behind the gate or reuseport,
+under N closed-loop slots, each request a thumbnail with probability 0.5 and
+a static page otherwise, at loads of 5 to 20 requests waiting on the pool
+per thread; defaults against a deadline only against a deadline and a tuned
+max_queue.
 """
 
 import argparse
@@ -18,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -71,6 +79,28 @@ PLANS = {
                   real_loads=(3.3,), real_secs=3, real_timeout_ms=2000),
 }
 
+# Overload: how the pool is told to behave (the push's timeout, which is
+# also its deadline, and the queue bound), each behind the gate and behind
+# reuseport, 4 workers x 6 threads. A refusal ("overloaded", "queue full")
+# is answered 503, a timeout 504.
+OVERLOAD_POLICIES = {
+    "defaults": dict(),
+    "deadline": dict(timeout=0.45),
+    "deadline + max_queue=48": dict(timeout=0.45, max_queue=48),
+}
+OVERLOAD_SPREADS = {
+    "gate": dict(http="thread_pool_accept_gate on;"),
+    "reuseport": dict(listen="reuseport"),
+}
+OVERLOAD_PLANS = {
+    # loads: requests waiting on the pool per thread (slots / 24: a static
+    # request returns at once, so nearly every slot waits on a thumbnail)
+    "full": dict(loads=(5, 10, 13.3, 20), ka_loads=(10, 20), secs=10, timeout_ms=500),
+    "quick": dict(loads=(10, 20), ka_loads=(20,), secs=3, timeout_ms=500),
+}
+OVERLOAD_THREADS = 6
+OVERLOAD_WORKERS = 4
+
 CONF = r"""
 @LUA_MODULES@load_module @MODULE@;
 @USER@
@@ -89,6 +119,7 @@ http {
     @HTTP@
     init_by_lua_block {
         require("ffi").cdef("int usleep(unsigned int);")
+        REFUSED = { overloaded = 503, ["queue full"] = 503, timeout = 504 }
     }
     @HANDLER@
     # Connections accepted per worker: the first request of each.
@@ -108,8 +139,12 @@ http {
                 local ok, err = @CALL@
                 dict:incr(key, -1, 0)
                 if not ok then
-                    ngx.log(ngx.WARN, "fairness task: ", err)
-                    return ngx.exit(500)
+                    -- a refusal is shed at once, a timeout said so
+                    local status = REFUSED[err] or 500
+                    if status == 500 then
+                        ngx.log(ngx.WARN, "fairness task: ", err)
+                    end
+                    return ngx.exit(status)
                 end
                 ok = tostring(ok)
                 ngx.header.content_type = "image/jpeg"
@@ -168,10 +203,15 @@ class Nginx:
         task = TASKS[kind]
         threads = mode["threads"]
         if threads:
-            pool = f"thread_pool work threads={threads} max_queue=65536;"
+            pool = (f"thread_pool work threads={threads} "
+                    f"max_queue={mode.get('max_queue', 65536)};")
             handler = ('thread_pool_process_by_lua work "'
                        + task["chunk"].replace('"', '\\"') + '";')
-            call = f"require('resty.threadpool').work:push_task({task['arg']})"
+            push = "require('resty.threadpool').work:"
+            if mode.get("timeout"):
+                call = push + f"push_task_timeout({mode['timeout']}, {task['arg']})"
+            else:
+                call = push + f"push_task({task['arg']})"
         else:
             pool, handler = "", ""
             call = task["inline"].format(arg=task["arg"])
@@ -366,13 +406,151 @@ def measure(modes, kind, loads, secs, timeout_ms, images, rounds, keepalive):
     return results
 
 
+async def ask(conn, port, path, keepalive):
+    """One request, on conn[0] (kept, opened if None) or on a new
+    connection: its status."""
+    if not keepalive:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            w.write(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+            data = await r.read()
+        finally:
+            w.close()
+        return int(data.split(b" ", 2)[1])
+    if conn[0] is None:
+        conn[0] = await asyncio.open_connection("127.0.0.1", port)
+    r, w = conn[0]
+    w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head = await r.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await r.readexactly(length)
+    return int(head.split(b" ", 2)[1])
+
+
+async def slot(port, timeout, until, classes, keepalive, rng):
+    """A closed-loop slot of the overload workload: a thumbnail with
+    probability 0.5, else a static page, one after the other; a new
+    connection after a timeout or an error."""
+    conn = [None]
+    while time.monotonic() < until:
+        c = "thumb" if rng.random() < 0.5 else "static"
+        stats = classes[c]
+        t0 = time.monotonic()
+        try:
+            status = await asyncio.wait_for(
+                ask(conn, port, "/task" if c == "thumb" else "/static", keepalive),
+                timeout)
+            stats["lat"].setdefault(status, []).append((time.monotonic() - t0) * 1000)
+        except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
+                IndexError) as e:
+            stats["timeouts" if isinstance(e, asyncio.TimeoutError) else "errors"] += 1
+            if conn[0] is not None:
+                conn[0][1].close()
+                conn[0] = None
+    if conn[0] is not None:
+        conn[0][1].close()
+
+
+async def overload_cell(port, slots, secs, timeout_ms, keepalive):
+    until = time.monotonic() + secs
+    classes = {c: dict(lat={}, timeouts=0, errors=0) for c in ("static", "thumb")}
+    rng = random.Random(slots)
+    await asyncio.gather(*(slot(port, timeout_ms / 1000, until, classes, keepalive, rng)
+                           for _ in range(slots)))
+    metrics = (await get(port, "/metrics", 5.0)).decode()
+    return classes, metrics
+
+
+def counter_sum(text, name):
+    """The sum of a Prometheus counter over its labels."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{"))
+
+
+def overload_summary(classes, metrics, secs):
+    out = {}
+    for c, s in classes.items():
+        answered = {str(k): len(v) for k, v in s["lat"].items()}
+        total = sum(answered.values()) + s["timeouts"] + s["errors"]
+        share = lambda n: 100.0 * n / total if total else 0.0
+        ok = s["lat"].get(200, [])
+        refused = s["lat"].get(503, [])
+        out[c] = dict(total=total, answered=answered, timeouts=s["timeouts"],
+                      errors=s["errors"], timeout_pct=share(s["timeouts"]),
+                      refused_pct=share(len(refused)),
+                      late_pct=share(answered.get("504", 0)),
+                      per_sec=len(ok) / secs, p50=pct(ok, 50), p99=pct(ok, 99),
+                      refused_p50=pct(refused, 50), refused_p99=pct(refused, 99))
+    for key in ("overloaded", "expired", "rejected", "timed_out", "cancelled",
+                "completed"):
+        out[key] = counter_sum(metrics, f"ngx_threadpool_tasks_{key}_total")
+    return out
+
+
+def measure_overload(plan, keepalive):
+    """Every spread and policy at every load (one round: the cells of a
+    load run back to back)."""
+    results = []
+    loads = plan["ka_loads"] if keepalive else plan["loads"]
+    threads = OVERLOAD_WORKERS * OVERLOAD_THREADS
+    for load in loads:
+        slots = round(load * threads)
+        for spread_name, spread in OVERLOAD_SPREADS.items():
+            for policy, options in OVERLOAD_POLICIES.items():
+                mode = dict(workers=OVERLOAD_WORKERS, threads=OVERLOAD_THREADS,
+                            **spread, **options)
+                log(f"overload {spread_name}, {policy}: {slots} slots ({load}x), "
+                    f"{plan['secs']}s, keepalive {keepalive}")
+                with Nginx(mode, "sim", make_images()) as ngx:
+                    res = asyncio.run(overload_cell(ngx.port, slots, plan["secs"],
+                                                    plan["timeout_ms"], keepalive))
+                r = overload_summary(*res, plan["secs"])
+                r.update(spread=spread_name, policy=policy, load=load, slots=slots,
+                         keepalive=keepalive, timeout_ms=plan["timeout_ms"])
+                log(f"  thumbs/s {r['thumb']['per_sec']:.0f}, thumb timeouts "
+                    f"{r['thumb']['timeout_pct']:.2f}%, refused "
+                    f"{r['thumb']['refused_pct']:.1f}%, static timeouts "
+                    f"{r['static']['timeout_pct']:.2f}%")
+                results.append(r)
+    return results
+
+
+def overload(quick, secs):
+    plan = dict(OVERLOAD_PLANS["quick" if quick else "full"])
+    if secs:
+        plan["secs"] = secs
+    load_before = os.getloadavg()
+    results = measure_overload(plan, keepalive=False)
+    results += measure_overload(plan, keepalive=True)
+    meta = dict(quick=quick, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                cpus=os.cpu_count(), kernel=platform.release(),
+                load_before=load_before, load_avg=os.getloadavg(),
+                service_ms=SERVICE_MS, secs=plan["secs"],
+                workers=OVERLOAD_WORKERS, threads=OVERLOAD_THREADS)
+    (OUT / "overload.json").write_text(json.dumps(dict(meta=meta, results=results),
+                                                  indent=1))
+    sys.path.insert(0, str(BENCH))
+    import fairness_report
+    fairness_report.write_overload(meta, results)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--overload", action="store_true",
+                    help="only the overload cells")
+    ap.add_argument("--secs", type=int, default=0,
+                    help="seconds per overload cell (default: the plan's)")
     args = ap.parse_args()
     quick = args.quick or os.environ.get("QUICK") not in (None, "", "0")
     plan = PLANS["quick" if quick else "full"]
     OUT.mkdir(exist_ok=True)
+    if args.overload:
+        overload(quick, args.secs)
+        return
     images = make_images()
     load_before = os.getloadavg()
     rounds = plan["rounds"]
@@ -392,6 +570,7 @@ def main():
     sys.path.insert(0, str(BENCH))
     import fairness_report
     fairness_report.write(meta, results)
+    overload(quick, args.secs)
 
 
 if __name__ == "__main__":

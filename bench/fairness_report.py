@@ -1,6 +1,7 @@
 """Writes bench/FAIRNESS.md and bench/fairness_*.png from fairness.py's
-results (also: python3 bench/fairness_report.py re-renders
-bench/out/fairness.json)."""
+results, and bench/OVERLOAD.md from its overload cells (also: python3
+bench/fairness_report.py [--overload] re-renders bench/out/fairness.json
+[overload.json])."""
 
 import json
 import sys
@@ -215,6 +216,14 @@ ANALYSIS = """## What the numbers say
 """
 
 
+def run_of(meta):
+    """Which run, when, on what machine, and how loaded it was."""
+    load = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
+    return (f"{'QUICK=1 smoke run' if meta['quick'] else 'full run'}, {meta['date']}, "
+            f"{meta['cpus']} CPUs, Linux {meta['kernel']}; load average "
+            f"{load(meta['load_before'])} before, {load(meta['load_avg'])} after")
+
+
 def write(meta, results):
     groups = cells(results)
     main = [g for k, g in groups.items() if k[0] == "sim" and not k[1]]
@@ -226,13 +235,10 @@ def write(meta, results):
     capacity = 24 * 1000 / meta["service_ms"]
     main_targets, main_met = targets(main, capacity)
     kept_targets, kept_met = targets(kept, capacity)
-    load = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
     parts = [
         "# Fairness across workers: the talk's timeout table, scaled",
         "",
-        f"Written by `make fairness` ({'QUICK=1 smoke run' if meta['quick'] else 'full run'}, "
-        f"{meta['date']}, {meta['cpus']} CPUs, Linux {meta['kernel']}; load average "
-        f"{load(meta['load_before'])} before, {load(meta['load_avg'])} after). "
+        f"Written by `make fairness` ({run_of(meta)}). "
         f"{meta['rounds']} rounds of {meta['secs']} s per cell, the modes alternating "
         "within each round; medians, with [min–max] over the rounds where they differ. "
         "Raw numbers: `bench/out/fairness.json`.",
@@ -304,7 +310,82 @@ def write(meta, results):
     (BENCH / "FAIRNESS.md").write_text("\n".join(parts))
 
 
+def overload_table(rows, capacity):
+    out = ["| load (slots) | spread | policy | thumb timeouts | thumbs answered 503 / 504 "
+           "| thumbs/s (% of capacity) | static timeouts | static p99 ms "
+           "| 503 p50/p99 ms | overloaded / expired / queue full (server) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t, st = r["thumb"], r["static"]
+        out.append(
+            f"| {r['load']}x ({r['slots']}) | {r['spread']} | {r['policy']} "
+            f"| {pct2(t['timeout_pct'])} | {t['refused_pct']:.1f} % / {t['late_pct']:.1f} % "
+            f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
+            f"| {pct2(st['timeout_pct'])} | {ms(st['p99'])} "
+            f"| {ms(t['refused_p50'])}/{ms(t['refused_p99'])} "
+            f"| {r['overloaded']:.0f} / {r['expired']:.0f} / {r['rejected']:.0f} |")
+    return "\n".join(out)
+
+
+def overload_targets(rows, capacity):
+    """The issue's targets: with only a deadline, behind the gate, at 10x and
+    above: no thumbnail or static timeouts, >= 90 % of capacity served."""
+    out = ["| load | thumb timeouts | static timeouts | thumbs/s (≥ 90 % of capacity) | met |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        if r["spread"] != "gate" or r["policy"] != "deadline" or r["load"] < 10:
+            continue
+        t, st = r["thumb"], r["static"]
+        met = (t["timeout_pct"] == 0 and st["timeout_pct"] == 0
+               and t["per_sec"] >= 0.9 * capacity)
+        out.append(f"| {r['load']}x | {pct2(t['timeout_pct'])} | {pct2(st['timeout_pct'])} "
+                   f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
+                   f"| {'yes' if met else 'no'} |")
+    return "\n".join(out)
+
+
+def write_overload(meta, results):
+    capacity = meta["workers"] * meta["threads"] * 1000 / meta["service_ms"]
+    new = [r for r in results if not r["keepalive"]]
+    kept = [r for r in results if r["keepalive"]]
+    parts = [
+        "# Overload: deadline-aware admission against the defaults",
+        "",
+        f"Written by `make fairness` (or `bench/fairness.py --overload`; {run_of(meta)}). "
+        f"One round of {meta['secs']} s per cell. Raw numbers: `bench/out/overload.json`.",
+        "",
+        f"{meta['workers']} workers x {meta['threads']} threads; the task sleeps "
+        f"{meta['service_ms']} ms (capacity {capacity:.0f} tasks/s). N closed-loop "
+        "slots; each request is a thumbnail (`/task`) with probability 0.5, else a "
+        "static page; a client gives up after 500 ms (a timeout) and closes the "
+        "connection. The load is the number of requests waiting on the pool per "
+        "thread, N / 24: a static request returns at once, so nearly every slot "
+        "waits on a thumbnail. Policies: `defaults` (push_task, max_queue 65536), "
+        "`deadline` (push_task_timeout(0.45) and nothing else), `deadline + "
+        "max_queue=48`; a refusal (\"overloaded\", \"queue full\") is answered 503, "
+        "a timeout 504. 503 p50/p99: the client's time to a refusal.",
+        "",
+        "## Targets (only a deadline, behind the gate)",
+        "",
+        overload_targets(new, capacity),
+        "",
+        "## A new connection per request",
+        "",
+        overload_table(new, capacity),
+        "",
+        "## Keep-alive connections",
+        "",
+        overload_table(kept, capacity),
+        "",
+    ]
+    (BENCH / "OVERLOAD.md").write_text("\n".join(parts))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--overload"]:
+        data = json.loads((BENCH / "out/overload.json").read_text())
+        write_overload(data["meta"], data["results"])
+        sys.exit(0)
     data = json.loads((BENCH / "out/fairness.json").read_text())
     write(data["meta"], data["results"])
     sys.exit(0)

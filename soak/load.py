@@ -70,9 +70,11 @@ KINDS = [
     Kind("post", "post_task: a counted task and a failing one; another in log_by_lua",
          {"posted"}, 6),
     Kind("timeout", "push_task_timeout(0.02) of a 150 ms task given a 16-256 KiB string "
-         "(read in place after the caller left)", {"timeout"}, 4),
+         "(read in place after the caller left), or refused at once while the pool is busy",
+         {"timeout", "overloaded"}, 4, optional=("overloaded",)),
     Kind("batch_timeout", "push_tasks_timeout(0.02) of a 400 ms task (logged as slow) "
-         "and an echo, each given a 16-256 KiB string", {"timeout"}, 1),
+         "and an echo, each given a 16-256 KiB string", {"timeout", "overloaded"}, 1,
+         optional=("overloaded",)),
     Kind("abort", "the client closes (FIN or RST) while its 100 ms task runs on a "
          "16-256 KiB string; lua_check_client_abort on and off", {"aborted"}, 4, abort_path),
     Kind("error_string", "the handler raises error(\"boom N\")", {"error"}, 5),

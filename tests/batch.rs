@@ -76,7 +76,7 @@ const HTTP: &str = r#"
             content_by_lua_block {
                 local s = require("resty.threadpool")[ngx.var.arg_pool]:stats()
                 ngx.print(s.pushed, " ", s.rejected, " ", s.timed_out, " ", s.completed, " ",
-                          s.cancelled)
+                          s.cancelled + s.expired)
             }
         }
         location /phase {

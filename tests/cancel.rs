@@ -141,7 +141,7 @@ const HTTP: &str = r#"
         location /idle {
             content_by_lua_block {
                 local s = require("resty.threadpool").spin:stats()
-                ngx.print(s.busy + s.queued, " ", s.cancelled)
+                ngx.print(s.busy + s.queued, " ", s.cancelled + s.expired)
             }
         }
     }

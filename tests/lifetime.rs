@@ -281,10 +281,10 @@ fn get_then_close(port: u16, path: &str, marker: &[u8]) {
     }
 }
 
-/// Tasks a thread had not taken yet when their caller went away are not
-/// run: they end without a TASK-START.
+/// Tasks a thread had not taken yet when their caller went away, or whose
+/// deadline had passed, are not run: they end without a TASK-START.
 fn cancelled(n: &Nginx) -> usize {
-    stat(n, "cancelled")
+    stat(n, "cancelled") + stat(n, "expired")
 }
 
 /// A count of the pool's stats() (see /stat).

@@ -61,10 +61,11 @@ fn start() -> Nginx {
                     local ok, a, b = pcall(core[f], ...)
                     ngx.say(f, ": ", tostring(ok), " ", tostring(a), " ", tostring(b))
                 end
-                show("push_batch", 0, 1, nil, 1)
-                show("push_batch", 0, 1, 12345, 3)
-                show("push_batch", 0, 1, {{ {{}} }}, 1e18)
-                show("push_batch", 0, 1, {{ {{}} }}, 0)
+                show("push_batch", 0, 1, false, nil, 1)
+                show("push_batch", 0, 1, false, 12345, 3)
+                show("push_batch", 0, 1, false, {{ {{}} }}, 1e18)
+                show("push_batch", 0, 1, false, {{ {{}} }}, 0)
+                show("push_batch", 0, 1, nil, {{ {{}} }}, 1)
                 show("push", "x", "y")
                 show("push", 7, 1000)
                 show("push", 0.5, 1000)
@@ -80,11 +81,11 @@ fn start() -> Nginx {
                 show("release", 4294967296)
                 -- a wait where the coroutine cannot yield
                 table.sort({{ 2, 1 }}, function(a, b)
-                    show("push", 0, 1000, "a")
+                    show("push", 0, 1000, false, "a")
                     return a < b
                 end)
                 -- the right calls still work
-                ngx.say("push: ", tostring(core.push(0, 1000, "a")), " ", core.result())
+                ngx.say("push: ", tostring(core.push(0, 1000, true, "a")), " ", core.result())
             }}
         }}
         location /ok {{
@@ -111,10 +112,11 @@ fn misuse_raises_an_error_naming_the_function_and_the_argument() {
     let text = r.text();
     assert_eq!(r.status, 200, "{text}\n{}", n.error_log());
     let want = [
-        "push_batch: false bad argument #3 to 'push_batch' (table expected, got nil) nil",
-        "push_batch: false bad argument #3 to 'push_batch' (table expected, got number) nil",
-        "push_batch: false bad argument #4 to 'push_batch' (count out of range: 1 to #list) nil",
-        "push_batch: false bad argument #4 to 'push_batch' (count out of range: 1 to #list) nil",
+        "push_batch: false bad argument #4 to 'push_batch' (table expected, got nil) nil",
+        "push_batch: false bad argument #4 to 'push_batch' (table expected, got number) nil",
+        "push_batch: false bad argument #5 to 'push_batch' (count out of range: 1 to #list) nil",
+        "push_batch: false bad argument #5 to 'push_batch' (count out of range: 1 to #list) nil",
+        "push_batch: false bad argument #3 to 'push_batch' (boolean expected, got nil) nil",
         "push: false bad argument #1 to 'push' (number expected, got string) nil",
         "push: false bad argument #1 to 'push' (no such thread pool) nil",
         "push: false bad argument #1 to 'push' (no such thread pool) nil",

@@ -105,8 +105,13 @@ fn push_task_push_tasks_and_post_task_reach_a_rust_pool() {
         local rec = v[4]
         return v.n, " ", v[1], " ", tostring(v[2]), " ", v[3], " ", rec.name, " ",
             table.concat(rec.list, ","), " ", tostring(rec.flags.on), tostring(rec.flags.off),
-            " ", table.concat(v[5], ",")"##;
-    assert_eq!(run(&n, values), "5 1 nil two rec 1,2,3 truefalse 7,8");
+            " ", table.concat(v[5], ","), " ", tostring(rec.missing == ngx.null), " ",
+            #rec.holes, tostring(rec.holes[2] == ngx.null)"##;
+    // None is nil as a value, ngx.null inside a table
+    assert_eq!(
+        run(&n, values),
+        "5 1 nil two rec 1,2,3 truefalse 7,8 true 2true"
+    );
     let batch = r#"
         local res = assert(tp.r:push_tasks({ { "upper", "a" }, { "tag" }, { "error" } }))
         local out = {}
@@ -209,6 +214,50 @@ fn err_is_nil_e_and_a_panic_leaves_the_thread_serving_with_its_state() {
     }
 }
 
+/// An `Err` or a panic in the handler's `init`, in the words the handler
+/// crate documents: the error log names the pool and thread, and the
+/// thread's tasks get `nil, 'thread pool "NAME" is not usable: TEXT'`,
+/// TEXT being `panic: MESSAGE` for a panic.
+#[test]
+fn an_init_error_or_panic_leaves_the_pool_unusable_with_its_text() {
+    let http = r#"
+    lua_thread_pool f threads=1;
+    lua_thread_pool p threads=1;
+    thread_pool_process_by_rust f LIB init-fails;
+    thread_pool_process_by_rust p LIB init-panics;
+    server {
+        listen 127.0.0.1:$PORT;
+        location /run {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local r1, e1 = tp.f:push_task("tag")
+                local r2, e2 = tp.p:push_task("tag")
+                ngx.print(tostring(r1), ",", e1, "|", tostring(r2), ",", e2)
+            }
+        }
+    }"#;
+    let n = Nginx::start(
+        "",
+        &http.replace("LIB", &rust_fixture().v1.display().to_string()),
+    );
+    assert_eq!(
+        n.get("/run").text(),
+        "nil,thread pool \"f\" is not usable: init refused by CONFIG|\
+         nil,thread pool \"p\" is not usable: panic: init panicked on CONFIG"
+    );
+    let log = n.error_log();
+    for text in [
+        "thread pool \"f\" thread #0: init refused by CONFIG",
+        "thread pool \"p\" thread #0: panic: init panicked on CONFIG",
+    ] {
+        let line = log.lines().find(|l| l.contains(text));
+        assert!(
+            line.is_some_and(|l| l.contains("[error]")),
+            "{text}:\n{log}"
+        );
+    }
+}
+
 #[test]
 fn log_macros_write_at_their_levels_with_the_pool_name() {
     let n = start_with("error_log logs/debug.log debug;", &rust_fixture().v1);
@@ -289,10 +338,11 @@ fn stats_and_metrics_count_a_rust_pools_tasks() {
         return "ok""#;
     assert_eq!(run(&n, lua), "ok");
     // The timed-out task ran (completed) or, taken only after its caller
-    // gave up, was skipped (cancelled): one of the two.
+    // gave up or its deadline passed, was skipped (cancelled, expired):
+    // one of the two.
     let stats = r#"
         local s = tp.r:stats()
-        return s.pushed, " ", s.completed + s.cancelled, " ", s.errors, " ", s.timed_out, " ",
+        return s.pushed, " ", s.completed + s.cancelled + s.expired, " ", s.errors, " ", s.timed_out, " ",
                s.threads"#;
     assert!(
         eventually(Duration::from_secs(5), || run(&n, stats) == "6 4 2 1 1"),
@@ -373,7 +423,10 @@ const VMS: &str = r#"
             content_by_lua_block {
                 local tp = require "resty.threadpool"
                 local s = string.rep("x", 1048576)
-                ngx.print(tp.r:push_task_timeout(0.001, "late", s, 100))
+                -- a timeout that is no deadline: queued whatever waits
+                -- ahead (this VM's pool object goes with the request)
+                tp.r:set_timeout(0.001)
+                ngx.print(tp.r:push_task("late", s, 100))
             }
         }
         location /main {
@@ -381,10 +434,13 @@ const VMS: &str = r#"
                 local tp = require "resty.threadpool"
                 -- no cycle, so no reaping, before /mem
                 collectgarbage("stop")
+                -- timeouts that are no deadlines: all 8 queued
+                tp.r:set_timeout(0.001)
                 for i = 1, 8 do
                     local s = string.rep(string.char(96 + i), 1048576)
-                    assert(not tp.r:push_task_timeout(0.001, "late", s, 50))
+                    assert(not tp.r:push_task("late", s, 50))
                 end
+                tp.r:set_timeout(60)
                 ngx.print("gave up")
             }
         }
@@ -399,7 +455,7 @@ const VMS: &str = r#"
         location /stats {
             content_by_lua_block {
                 local st = require("resty.threadpool").r:stats()
-                ngx.print(st.completed + st.cancelled)
+                ngx.print(st.completed + st.cancelled + st.expired)
             }
         }
     }

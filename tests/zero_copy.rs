@@ -125,12 +125,15 @@ const HTTP: &str = r#"
         }
 
         # A task that reads its 1 MiB string after 150 ms, given up on at
-        # 50 ms.
+        # 50 ms: a timeout that is no deadline, so that it is queued
+        # whatever waits ahead of it.
         location /hold {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
                 local s = string.format("%8d", ngx.var.arg_i) .. string.rep("h", 1048568)
-                local res, err = tp.one:push_task_timeout(0.05, "md5", s, 150)
+                tp.one:set_timeout(0.05)
+                local res, err = tp.one:push_task("md5", s, 150)
+                tp.one:set_timeout(60)
                 ngx.say(err)
             }
         }
@@ -223,7 +226,7 @@ const HTTP: &str = r#"
         location /idle {
             content_by_lua_block {
                 local s = require("resty.threadpool").one:stats()
-                ngx.print(s.busy + s.queued, " ", s.cancelled)
+                ngx.print(s.busy + s.queued, " ", s.cancelled + s.expired)
             }
         }
 

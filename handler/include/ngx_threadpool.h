@@ -119,24 +119,30 @@ typedef struct ngx_tp_task_s {
     int (*receive)(const struct ngx_tp_task_s *task, ngx_tp_out_t *out);
 } ngx_tp_task_t;
 
-/* The four exports of a handler library. */
+/* The four exports of a handler library, each declared through its
+ * function type (NAME_t), which a module that loads a library looks its
+ * exports up as. */
 
 /* Returns NGX_THREADPOOL_ABI_VERSION of the header it was built with. */
-uint32_t ngx_threadpool_abi_version(void);
+typedef uint32_t ngx_threadpool_abi_version_t(void);
+ngx_threadpool_abi_version_t ngx_threadpool_abi_version;
 
 /* Builds this thread's state into *state. On NGX_TP_ERROR, err holds a
  * payload with one string value: the pool is not usable, and its tasks get
  * nil and that text. */
-int ngx_threadpool_init(const ngx_tp_init_t *init, void **state,
-                        ngx_tp_out_t *err);
+typedef int ngx_threadpool_init_t(const ngx_tp_init_t *init, void **state,
+                                  ngx_tp_out_t *err);
+ngx_threadpool_init_t ngx_threadpool_init;
 
 /* Runs one task: NGX_TP_OK with the results in out, or NGX_TP_ERROR with
  * one error value in out. out is empty on entry. */
-int ngx_threadpool_process(void *state, const ngx_tp_task_t *task,
-                           ngx_tp_out_t *out);
+typedef int ngx_threadpool_process_t(void *state, const ngx_tp_task_t *task,
+                                     ngx_tp_out_t *out);
+ngx_threadpool_process_t ngx_threadpool_process;
 
 /* Frees a state when its thread exits (worker exit or reload). */
-void ngx_threadpool_free(void *state);
+typedef void ngx_threadpool_free_t(void *state);
+ngx_threadpool_free_t ngx_threadpool_free;
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,8 @@
 //! payload or, for a borrowed string, from its span: nothing is copied
 //! unless the target type owns its data (`String`, `Vec<u8>`).
 
-use crate::ffi::{self, ngx_tp_bytes_t, NGX_TP_EXT_BORROWED};
+use crate::ffi::{self, ngx_tp_bytes_t};
+use ngx_threadpool_wire::EXT_BORROWED;
 use rmp::Marker;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, Unexpected, Visitor};
 use std::fmt;
@@ -193,7 +194,7 @@ impl<'t> ValueDe<'t> {
             Marker::Map16 => Head::Map(self.len::<2>()?),
             Marker::Map32 => Head::Map(self.len::<4>()?),
             Marker::FixExt4 => {
-                if self.be::<1>()?[0] as i8 != NGX_TP_EXT_BORROWED {
+                if self.be::<1>()?[0] as i8 != EXT_BORROWED {
                     return Err(DeError::payload("unsupported msgpack ext type"));
                 }
                 let index = u32::from_be_bytes(self.be()?);

@@ -1,12 +1,13 @@
 //! The bodies of the four exports that [`export!`](crate::export)
-//! generates: the C ABI's edge, where panics are caught and results and
-//! errors become payloads and return codes. Nothing unwinds past these
-//! functions.
+//! generates for a [`Handler`]: the C ABI's edge, where panics are caught
+//! and results and errors become payloads and return codes. Nothing
+//! unwinds past these functions.
 
-use crate::ffi::{self, ngx_tp_init_t, ngx_tp_out_t, ngx_tp_task_t, NGX_TP_ERROR, NGX_TP_OK};
+use crate::ffi::{self, ngx_tp_init_t, ngx_tp_out_t, ngx_tp_task_t};
 use crate::logger::{self, Scope, Sink};
 use crate::results::{error_payload, IntoResults};
-use crate::{Init, Task};
+use crate::{Handler, Init, Task};
+use ngx_threadpool_wire::{level, panicked, status};
 use std::any::Any;
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
@@ -22,7 +23,7 @@ struct Slot<S> {
 /// A payload being built, then written to the module's `out` at once: a
 /// failed write appends nothing (the header's contract), so `out` is
 /// still empty for the error that follows.
-pub struct Reply {
+struct Reply {
     buf: Vec<u8>,
     status: c_int,
 }
@@ -39,12 +40,12 @@ impl Reply {
     fn new() -> Reply {
         Reply {
             buf: SPARE.take(),
-            status: NGX_TP_OK,
+            status: status::OK,
         }
     }
 
     /// Results, or the error the caller gets as `nil, e`.
-    pub fn set<R: IntoResults, E: Display>(&mut self, r: Result<R, E>) {
+    fn set<R: IntoResults, E: Display>(&mut self, r: Result<R, E>) {
         self.buf.clear();
         match r {
             Ok(values) => {
@@ -58,7 +59,7 @@ impl Reply {
 
     fn fail(&mut self, e: impl Display) {
         error_payload(e, &mut self.buf);
-        self.status = NGX_TP_ERROR;
+        self.status = status::ERROR;
     }
 
     /// Writes the payload to `out`: the return code.
@@ -66,11 +67,12 @@ impl Reply {
     /// # Safety
     /// `out` must be the module's, empty.
     unsafe fn send(mut self, out: *mut ngx_tp_out_t) -> c_int {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: the caller's contract: out is the module's writer.
         if !unsafe { write(out, &self.buf) } {
             self.fail("results too large (or out of memory)");
-            // SAFETY: as above; the failed write appended nothing. If this
-            // one fails too the module gets an empty error payload.
+            // SAFETY: the same writer, to which the failed write appended
+            // nothing. If this one fails too the module gets an empty
+            // error payload.
             unsafe { write(out, &self.buf) };
         }
         let status = self.status;
@@ -99,19 +101,18 @@ fn panic_text(panic: Box<dyn Any + Send>) -> String {
             Err(_) => "(a value that is not a string)".to_string(),
         },
     };
-    format!("panic: {msg}")
+    panicked(msg)
 }
 
-/// `ngx_threadpool_init`: builds the state with `f`.
+/// `ngx_threadpool_init`: builds the state with `H::init`.
 ///
 /// # Safety
 /// The header's contract: `init` valid for the call, `state` and `err` the
 /// module's.
-pub unsafe fn init<S, E: Display>(
+pub unsafe fn init<H: Handler>(
     init: *const ngx_tp_init_t,
     state: *mut *mut c_void,
     err: *mut ngx_tp_out_t,
-    f: impl FnOnce(&Init) -> Result<S, E>,
 ) -> c_int {
     logger::install();
     // SAFETY: the header's contract: init is valid for the call.
@@ -123,77 +124,74 @@ pub unsafe fn init<S, E: Display>(
     let _scope = Scope::enter(sink);
     let mut reply = Reply::new();
     let built = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the pool name and CONFIG live for the call.
+        // SAFETY: the header's contract: the pool name and CONFIG live for
+        // the call, which the Init does not outlive.
         let init = unsafe { Init::new(ffi::bytes(raw.pool), raw.config, raw.thread) };
-        f(&init)
+        H::init(&init)
     }));
     match built {
-        Ok(Ok(s)) => {
-            // SAFETY: state is the module's, for this thread's state.
-            unsafe { *state = Box::into_raw(Box::new(Slot { state: s, sink })).cast() };
+        Ok(Ok(handler)) => {
+            let slot = Box::new(Slot {
+                state: handler,
+                sink,
+            });
+            // SAFETY: the header's contract: state is the module's, where
+            // this thread's state goes.
+            unsafe { *state = Box::into_raw(slot).cast() };
         }
         Ok(Err(e)) => reply.fail(e),
         Err(panic) => reply.fail(panic_text(panic)),
     }
-    // SAFETY: err is the module's, empty.
+    // SAFETY: the header's contract: err is the module's, empty.
     unsafe { reply.send(err) }
 }
 
-/// `ngx_threadpool_process`: runs `f` on the state that `init` (whose
-/// state type it names) built.
+/// `ngx_threadpool_process`: runs `H::process` on the state that
+/// [`init`]`::<H>` built.
 ///
 /// # Safety
-/// The header's contract: `state` from `ngx_threadpool_init` with the same
-/// `init`, on its own thread; `task` and its spans alive for the call;
-/// `out` the module's, empty.
-pub unsafe fn process<S, E, I, F>(
+/// The header's contract: `state` from `ngx_threadpool_init`, that is
+/// `init::<H>`, on its own thread; `task` and its spans alive for the
+/// call; `out` the module's, empty.
+pub unsafe fn process<H: Handler>(
     state: *mut c_void,
     task: *const ngx_tp_task_t,
     out: *mut ngx_tp_out_t,
-    _init: I,
-    f: F,
-) -> c_int
-where
-    I: FnOnce(&Init) -> Result<S, E>,
-    F: for<'a, 't> FnOnce(&'a mut S, &'a Task<'t>, &'a mut Reply),
-{
-    // SAFETY: state came from init with this S, and only this thread
-    // uses it.
-    let slot = unsafe { &mut *state.cast::<Slot<S>>() };
+) -> c_int {
+    // SAFETY: the caller's contract: state is a Slot<H> from init::<H>,
+    // used by this thread only, so not otherwise borrowed.
+    let slot = unsafe { &mut *state.cast::<Slot<H>>() };
     let _scope = Scope::enter(slot.sink);
     let mut reply = Reply::new();
-    // SAFETY: the task and its spans are alive for the call, which the
-    // Task does not outlive.
+    // SAFETY: the caller's contract: the task and its spans are alive for
+    // the call, which the Task does not outlive.
     match unsafe { Task::new(&*task) } {
         Ok(task) => {
-            let ran = catch_unwind(AssertUnwindSafe(|| f(&mut slot.state, &task, &mut reply)));
+            let ran = catch_unwind(AssertUnwindSafe(|| reply.set(slot.state.process(&task))));
             if let Err(panic) = ran {
                 reply.fail(panic_text(panic));
             }
         }
         Err(e) => reply.fail(e),
     }
-    // SAFETY: out is the module's, empty.
+    // SAFETY: the caller's contract: out is the module's, empty.
     unsafe { reply.send(out) }
 }
 
 /// `ngx_threadpool_free`: drops the state; a panic in its `Drop` is logged.
 ///
 /// # Safety
-/// The header's contract: `state` from `ngx_threadpool_init` with the same
-/// `init`, not used after.
-pub unsafe fn free<S, E, I>(state: *mut c_void, _init: I)
-where
-    I: FnOnce(&Init) -> Result<S, E>,
-{
-    // SAFETY: state came from init's Box with this S; the module frees
-    // it once.
-    let slot = unsafe { Box::from_raw(state.cast::<Slot<S>>()) };
+/// The header's contract: `state` from `ngx_threadpool_init`, that is
+/// `init::<H>`, not used after.
+pub unsafe fn free<H: Handler>(state: *mut c_void) {
+    // SAFETY: the caller's contract: state came from init::<H>'s Box, and
+    // the module frees it once.
+    let slot = unsafe { Box::from_raw(state.cast::<Slot<H>>()) };
     let sink = slot.sink;
     let _scope = Scope::enter(sink);
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| drop(slot))) {
         sink.line(
-            ffi::NGX_TP_LOG_ERR,
+            level::ERR,
             &format!("freeing the state: {}", panic_text(panic)),
         );
     }

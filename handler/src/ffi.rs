@@ -1,7 +1,7 @@
 //! The C types of `include/ngx_threadpool.h`, field for field, for the
 //! exports that [`export!`](crate::export) generates. A handler written
-//! with this crate never touches them; they are public so that the
-//! generated functions can name them.
+//! with this crate never touches them; the generated functions name them
+//! through `__private`. The header's numbers are ngx_threadpool_wire's.
 //!
 //! Invariant: each type has the layout of the header's type of the same
 //! name (`tests/c_abi.rs` checks it through a C program built against the
@@ -71,31 +71,6 @@ pub struct ngx_tp_task_t {
     /// Writes the caller's next chunk to `out`.
     pub receive: unsafe extern "C" fn(task: *const ngx_tp_task_t, out: *mut ngx_tp_out_t) -> c_int,
 }
-
-/// `NGX_TP_OK`: `out` holds the results.
-pub const NGX_TP_OK: c_int = 0;
-/// `NGX_TP_ERROR`: `out` holds one error value.
-pub const NGX_TP_ERROR: c_int = 1;
-/// `NGX_TP_CANCELLED`: a stream's caller let go.
-pub const NGX_TP_CANCELLED: c_int = 2;
-/// `NGX_TP_END`: a stream's input ended.
-pub const NGX_TP_END: c_int = 3;
-/// `NGX_TP_NO_STREAM`: the task was not pushed with push_stream.
-pub const NGX_TP_NO_STREAM: c_int = 4;
-/// `NGX_TP_EXT_BORROWED`: the msgpack ext type of a borrowed string.
-pub const NGX_TP_EXT_BORROWED: i8 = 1;
-/// `NGX_TP_MAX_VALUES`: most values in a payload.
-pub const NGX_TP_MAX_VALUES: usize = 4096;
-/// `NGX_TP_MAX_DEPTH`: deepest table nesting in a payload.
-pub const NGX_TP_MAX_DEPTH: usize = 100;
-/// `NGX_TP_LOG_ERR`.
-pub const NGX_TP_LOG_ERR: c_int = 4;
-/// `NGX_TP_LOG_WARN`.
-pub const NGX_TP_LOG_WARN: c_int = 5;
-/// `NGX_TP_LOG_INFO`.
-pub const NGX_TP_LOG_INFO: c_int = 7;
-/// `NGX_TP_LOG_DEBUG`.
-pub const NGX_TP_LOG_DEBUG: c_int = 8;
 
 /// The bytes of `b`.
 ///

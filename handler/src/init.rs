@@ -1,12 +1,13 @@
-//! What a handler's `init` function gets.
+//! What [`Handler::init`](crate::Handler::init) gets.
 
 use crate::ffi::{self, ngx_tp_bytes_t};
 use std::borrow::Cow;
 use std::ffi::c_uint;
 
-/// The thread a state is built for: `init` runs once on each of the
-/// pool's threads, in each nginx worker, when the worker starts (and
-/// again after a reload), on the thread that will use the state.
+/// The thread a state is built for: [`Handler::init`](crate::Handler::init)
+/// runs once on each of the pool's threads, in each nginx worker, when the
+/// worker starts (and again after a reload), on the thread that will use
+/// the state.
 #[derive(Debug)]
 pub struct Init<'a> {
     pool: Cow<'a, str>,

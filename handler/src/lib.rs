@@ -4,7 +4,11 @@
 
 mod de;
 mod export;
+/// The header's types, for [`export!`]'s functions to name; not part of
+/// the API.
+#[doc(hidden)]
 pub mod ffi;
+mod handler;
 mod init;
 mod logger;
 mod results;
@@ -14,52 +18,42 @@ mod task;
 #[cfg(test)]
 mod tests;
 
+pub use handler::Handler;
 pub use init::Init;
 pub use results::{IntoResults, ValueList, Values};
 pub use serde_bytes;
 pub use task::{ArgError, StreamError, Task};
 
-/// An error of any type, for `process` and `init` to return with `?`
-/// ([`ArgError`], I/O errors, `String`s through `.into()`...): the caller
-/// gets its text.
+/// An error of any type, for [`Handler::process`] and [`Handler::init`] to
+/// return with `?` ([`ArgError`], I/O errors, `String`s and `&str`s
+/// through `.into()`...): the caller gets its text.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The version of the ABI (`include/ngx_threadpool.h`'s
+/// The version of the C ABI (`include/ngx_threadpool.h`'s
 /// `NGX_THREADPOOL_ABI_VERSION`) this crate implements: what
 /// `ngx_threadpool_abi_version` returns. The module refuses a library
 /// built for a version it does not know (it loads 1 and 2; 2 added
 /// streams: [`Task::send`], [`Task::receive`]).
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = ngx_threadpool_wire::ABI_VERSION;
 
-/// Generates the four exports of a handler library from an `init` and a
-/// `process` function; once per library, at the crate's top level.
-///
-/// ```text
-/// fn init(init: &Init) -> Result<S, E>
-/// fn process(state: &mut S, task: &Task) -> Result<R, E2>
-/// ```
-///
-/// * `S` is the per-thread state: `init` runs on each pool thread before
-///   its first task, and `process` gets that thread's state. It need not
-///   be `Send` or `Sync`: it never leaves its thread. It is dropped when
-///   the thread exits (worker exit, reload).
-/// * `R` is the results: any `Serialize` value, or [`Values`] for several
-///   (see [`IntoResults`]). It may borrow from the task's arguments.
-/// * `E` and `E2` are any `Display` type (`String`, `ArgError`,
-///   [`Error`]...): an `Err` from `process` becomes `nil, e` for the
-///   caller; an `Err` from `init` makes the pool unusable, and its tasks
-///   get `nil` and the text.
-/// * A panic in either is caught: the task's caller gets
-///   `nil, "panic: <message>"` (the thread keeps serving, with the state
-///   as the panic left it); in `init`, the text is `init`'s error.
+/// Makes a [`Handler`] the library's four C exports; once per library, at
+/// the crate's top level: `export!(MyHandler);`.
 ///
 /// The generated functions are `ngx_threadpool_abi_version`,
 /// `ngx_threadpool_init`, `ngx_threadpool_process` and
 /// `ngx_threadpool_free`, with the prototypes of
-/// `include/ngx_threadpool.h`.
+/// `include/ngx_threadpool.h`; the library exports them when built as a
+/// `cdylib`. A type that is not a [`Handler`] is the compiler's error
+/// ``the trait bound `T: Handler` is not satisfied`` (E0277):
+///
+/// ```compile_fail,E0277
+/// struct NotAHandler;
+///
+/// ngx_threadpool_handler::export!(NotAHandler);
+/// ```
 #[macro_export]
 macro_rules! export {
-    ($init:expr, $process:expr $(,)?) => {
+    ($handler:ty $(,)?) => {
         /// The ABI version this library was built for.
         #[unsafe(no_mangle)]
         pub extern "C" fn ngx_threadpool_abi_version() -> u32 {
@@ -72,13 +66,13 @@ macro_rules! export {
         /// Called by the ngx_threadpool module as `ngx_threadpool.h` says.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn ngx_threadpool_init(
-            init: *const $crate::ffi::ngx_tp_init_t,
+            init: *const $crate::__private::ffi::ngx_tp_init_t,
             state: *mut *mut ::std::ffi::c_void,
-            err: *mut $crate::ffi::ngx_tp_out_t,
+            err: *mut $crate::__private::ffi::ngx_tp_out_t,
         ) -> ::std::ffi::c_int {
-            let f = $init;
-            // SAFETY: the module keeps the header's contract.
-            unsafe { $crate::__private::init(init, state, err, f) }
+            // SAFETY: the module calls this export as the header says,
+            // which is init's contract.
+            unsafe { $crate::__private::init::<$handler>(init, state, err) }
         }
 
         /// Runs one task on this thread's state.
@@ -88,16 +82,13 @@ macro_rules! export {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn ngx_threadpool_process(
             state: *mut ::std::ffi::c_void,
-            task: *const $crate::ffi::ngx_tp_task_t,
-            out: *mut $crate::ffi::ngx_tp_out_t,
+            task: *const $crate::__private::ffi::ngx_tp_task_t,
+            out: *mut $crate::__private::ffi::ngx_tp_out_t,
         ) -> ::std::ffi::c_int {
-            let (init, process) = ($init, $process);
-            // SAFETY: the module keeps the header's contract.
-            unsafe {
-                $crate::__private::process(state, task, out, init, |state, task, reply| {
-                    reply.set(process(state, task))
-                })
-            }
+            // SAFETY: the module calls this export as the header says, with
+            // a state that ngx_threadpool_init, above, built for this
+            // handler type: process's contract.
+            unsafe { $crate::__private::process::<$handler>(state, task, out) }
         }
 
         /// Frees this thread's state.
@@ -106,9 +97,10 @@ macro_rules! export {
         /// Called by the ngx_threadpool module as `ngx_threadpool.h` says.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn ngx_threadpool_free(state: *mut ::std::ffi::c_void) {
-            let init = $init;
-            // SAFETY: the module keeps the header's contract.
-            unsafe { $crate::__private::free(state, init) }
+            // SAFETY: the module frees, once, a state that
+            // ngx_threadpool_init, above, built for this handler type:
+            // free's contract.
+            unsafe { $crate::__private::free::<$handler>(state) }
         }
     };
 }
@@ -116,5 +108,6 @@ macro_rules! export {
 /// For [`export!`] only: not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::export::{free, init, process, Reply};
+    pub use crate::export::{free, init, process};
+    pub use crate::ffi;
 }

@@ -2,10 +2,9 @@
 //! `log_fn` the module gave the state whose call is running on this
 //! thread (the module's line names the pool and the thread).
 
-use crate::ffi::{
-    ngx_tp_log_pt, NGX_TP_LOG_DEBUG, NGX_TP_LOG_ERR, NGX_TP_LOG_INFO, NGX_TP_LOG_WARN,
-};
+use crate::ffi::ngx_tp_log_pt;
 use log::{Level, LevelFilter, Log, Metadata, Record};
+use ngx_threadpool_wire::level;
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::fmt::Write;
@@ -56,12 +55,12 @@ impl Drop for Scope {
 /// The nginx level of a record: `trace` and `debug` are both nginx's
 /// debug (shown with `error_log ... debug` in an nginx built with
 /// `--with-debug`, as Debian's is).
-fn level(l: Level) -> c_int {
+fn nginx_level(l: Level) -> c_int {
     match l {
-        Level::Error => NGX_TP_LOG_ERR,
-        Level::Warn => NGX_TP_LOG_WARN,
-        Level::Info => NGX_TP_LOG_INFO,
-        Level::Debug | Level::Trace => NGX_TP_LOG_DEBUG,
+        Level::Error => level::ERR,
+        Level::Warn => level::WARN,
+        Level::Info => level::INFO,
+        Level::Debug | Level::Trace => level::DEBUG,
     }
 }
 
@@ -82,7 +81,7 @@ impl Log for Bridge {
         let mut line = LINE.take();
         line.clear();
         let _ = write!(line, "{}", record.args());
-        sink.line(level(record.level()), &line);
+        sink.line(nginx_level(record.level()), &line);
         LINE.set(line);
     }
 

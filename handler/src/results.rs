@@ -4,14 +4,15 @@
 use serde::Serialize;
 use std::fmt::Display;
 
-/// What a handler's `process` may return in `Ok`: any [`Serialize`] value
-/// is one result (`Ok(())` and `Ok(None)` are one nil); [`Values`] holds
-/// several.
+/// What [`Handler::Output`](crate::Handler::Output) may be: any
+/// [`Serialize`] value is one result (`Ok(())` and `Ok(None)` are one
+/// nil); [`Values`] holds several.
 ///
 /// The caller gets them as Lua values: strings (`String`, `&str`) as Lua
 /// strings, byte strings too when wrapped for serde as bytes
 /// ([`serde_bytes`]; a bare `Vec<u8>` is an array of numbers), numbers,
-/// booleans, `None` as nil, sequences as arrays, maps and structs as
+/// booleans, `None` as nil (`ngx.null` inside a table, which cannot hold
+/// nil), sequences as arrays, maps and structs as
 /// tables (map keys of any type but nil and NaN), a unit enum variant as
 /// its name and another as a table of one entry.
 pub trait IntoResults: sealed::Sealed {}
@@ -42,8 +43,8 @@ impl<L: sealed::List> ValueList for L {}
 
 pub(crate) mod sealed {
     use super::Values;
-    use crate::ffi::NGX_TP_MAX_VALUES;
     use crate::ser::Ser;
+    use ngx_threadpool_wire::{too_many, MAX_VALUES};
     use serde::Serialize;
     use std::fmt;
 
@@ -59,9 +60,7 @@ pub(crate) mod sealed {
     impl fmt::Display for ResultsError {
         fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
             match self {
-                ResultsError::TooMany => {
-                    write!(f, "too many return values (max {NGX_TP_MAX_VALUES})")
-                }
+                ResultsError::TooMany => f.write_str(&too_many("return value")),
                 ResultsError::Value(pos, e) => write!(f, "cannot encode return value #{pos}: {e}"),
             }
         }
@@ -78,8 +77,8 @@ pub(crate) mod sealed {
     impl Writer<'_> {
         /// Writes one value at the next position, unless it is nil.
         fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), ResultsError> {
-            // u32 holds NGX_TP_MAX_VALUES
-            if self.n as usize == NGX_TP_MAX_VALUES {
+            // u32 holds MAX_VALUES
+            if self.n as usize == MAX_VALUES {
                 return Err(ResultsError::TooMany);
             }
             self.n += 1;

@@ -5,7 +5,7 @@
 //! type: a Lua table takes any key but nil and NaN), enums as serde's
 //! externally tagged form (a unit variant is its name).
 
-use crate::ffi::NGX_TP_MAX_DEPTH;
+use ngx_threadpool_wire::{self as wire, MAX_DEPTH};
 use serde::ser::{self, Serialize};
 use std::fmt;
 
@@ -31,7 +31,7 @@ impl ser::Error for SerError {
 /// results of rmp's writers are ignored.
 pub(crate) struct Ser<'a> {
     out: &'a mut Vec<u8>,
-    /// Tables around the value written next: past NGX_TP_MAX_DEPTH the
+    /// Tables around the value written next: past MAX_DEPTH the
     /// module would refuse the whole payload (`bad payload`), so the value
     /// is refused here, in the Lua encoder's words.
     depth: usize,
@@ -53,10 +53,8 @@ impl<'a> Ser<'a> {
     /// Goes one table deeper.
     fn enter(&mut self) -> Result<(), SerError> {
         self.depth += 1;
-        if self.depth > NGX_TP_MAX_DEPTH {
-            return Err(SerError(format!(
-                "table nested deeper than {NGX_TP_MAX_DEPTH}"
-            )));
+        if self.depth > MAX_DEPTH {
+            return Err(SerError(wire::too_deep()));
         }
         Ok(())
     }
@@ -121,9 +119,9 @@ impl Compound<'_> {
         let start = self.out.len();
         self.item(key)?;
         match &self.out[start..] {
-            [0xc0] => Err(SerError("nil table key".into())),
+            [0xc0] => Err(SerError(wire::NIL_KEY.into())),
             [0xcb, f @ ..] if f64::from_be_bytes(f.try_into().unwrap_or_default()).is_nan() => {
-                Err(SerError("NaN table key".into()))
+                Err(SerError(wire::NAN_KEY.into()))
             }
             _ => Ok(()),
         }

@@ -3,6 +3,7 @@
 
 use crate::de::{DeError, Spans, ValueDe, NIL};
 use crate::ffi::{self, ngx_tp_task_t};
+use ngx_threadpool_wire::status;
 use serde::de::{self, Deserialize, DeserializeSeed, Visitor};
 use std::cell::Cell;
 use std::fmt;
@@ -53,7 +54,7 @@ impl fmt::Display for ArgError {
                 message,
             } => write!(f, "bad argument #{position} at {path}: {message}"),
             ArgError::List(message) => write!(f, "bad arguments: {message}"),
-            ArgError::Payload(message) => write!(f, "bad payload: {message}"),
+            ArgError::Payload(message) => f.write_str(&ngx_threadpool_wire::bad_payload(message)),
         }
     }
 }
@@ -86,7 +87,8 @@ thread_local! {
     static SPARE: Cell<Vec<Entry>> = const { Cell::new(Vec::new()) };
 }
 
-/// A task being processed: what a handler's `process` function gets.
+/// A task being processed: what
+/// [`Handler::process`](crate::Handler::process) gets.
 ///
 /// `'t` is the task's life: the arguments it lends (`&'t str`,
 /// `&'t [u8]`) are read in place, in the module's memory, and cannot
@@ -177,9 +179,12 @@ impl<'t> Task<'t> {
         self.n
     }
 
-    /// All the arguments, as a tuple, a tuple struct, a struct (its fields
-    /// in order) or a `Vec`; any other type reads the first argument and
-    /// expects no others.
+    /// All the arguments: a tuple, a tuple struct or a `Vec` reads them
+    /// in order, one element per argument (Lua's `select` order); any
+    /// other type, a struct included, reads the first argument as
+    /// [`arg(1)`](Task::arg) does and expects no others. A struct is a Lua
+    /// table, read by field name, wherever it is: `args::<Opts>()` and
+    /// `args::<(Opts,)>()` both read `push_task({limit = 10})`.
     ///
     /// Missing arguments are nil: an `Option` reads them as `None`, another
     /// type fails. Extra arguments that are nil are ignored; others fail
@@ -201,7 +206,8 @@ impl<'t> Task<'t> {
     }
 
     /// The argument at `position`, from 1, as [`args`](Task::args) reads
-    /// each (an absent one is nil).
+    /// each (an absent one is nil): a struct is a table read by field
+    /// name, a tuple or `Vec` a table read as an array.
     pub fn arg<T: Deserialize<'t>>(&self, position: usize) -> Result<T, ArgError> {
         self.read(position, std::marker::PhantomData)
             .map_err(ArgError::from)
@@ -270,7 +276,7 @@ impl<'t> Task<'t> {
         // SAFETY: the header's contract: receive takes the task it is a
         // field of and a writer, which it calls before it returns.
         let rc = unsafe { (self.raw.receive)(self.raw, &mut sink.out) };
-        if rc == ffi::NGX_TP_END {
+        if rc == status::END {
             return Ok(None);
         }
         stream_result(rc)?;
@@ -309,9 +315,9 @@ impl std::error::Error for StreamError {}
 
 fn stream_result(rc: std::ffi::c_int) -> Result<(), StreamError> {
     match rc {
-        ffi::NGX_TP_OK => Ok(()),
-        ffi::NGX_TP_CANCELLED => Err(StreamError::Cancelled),
-        ffi::NGX_TP_NO_STREAM => Err(StreamError::NoStream),
+        status::OK => Ok(()),
+        status::CANCELLED => Err(StreamError::Cancelled),
+        status::NO_STREAM => Err(StreamError::NoStream),
         rc => Err(StreamError::Value(format!("the module refused it ({rc})"))),
     }
 }
@@ -405,7 +411,10 @@ impl<'t> Args<'_, 't> {
             if got != "nil" {
                 return Err(DeError {
                     position: Some(*pos),
-                    ..DeError::new(format!("expected at most {taken} arguments, got {got}"))
+                    ..DeError::new(format!(
+                        "expected at most {taken} argument{}, got {got}",
+                        if taken == 1 { "" } else { "s" }
+                    ))
                 });
             }
         }
@@ -444,13 +453,14 @@ impl<'t> de::Deserializer<'t> for Args<'_, 't> {
         self.deserialize_tuple(len, v)
     }
 
+    /// A struct is a table wherever it is: the first argument.
     fn deserialize_struct<V: Visitor<'t>>(
         self,
-        _: &'static str,
+        name: &'static str,
         fields: &'static [&'static str],
         v: V,
     ) -> Result<V::Value, DeError> {
-        self.deserialize_tuple(fields.len(), v)
+        self.single(|de| de.deserialize_struct(name, fields, v))
     }
 
     fn deserialize_unit<V: Visitor<'t>>(self, v: V) -> Result<V::Value, DeError> {

@@ -22,7 +22,7 @@ local type = type
 local floor = math.floor
 
 -- The module's C functions on this VM's stack (src/api/functions.rs).
-local API_VERSION = 12
+local API_VERSION = 13
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -118,15 +118,18 @@ local function waited(ok, err, result)
     return nil, err
 end
 
-local function push(pool, ms, ...)
-    local ok, err = c_push(pool.id, ms, ...)
+-- `deadline`: whether the timeout is also the push's deadline, which the
+-- module refuses at once ("overloaded") when the pool cannot finish the
+-- tasks before it, and past which it starts none of them.
+local function push(pool, ms, deadline, ...)
+    local ok, err = c_push(pool.id, ms, deadline, ...)
     if type(ok) == "boolean" then
         return waited(ok, err, c_result)
     end
     return refused(ok, err, "push_task")
 end
 
-local function push_batch(pool, ms, list)
+local function push_batch(pool, ms, deadline, list)
     if type(list) ~= "table" then
         error("bad list: expected a table of argument tables", 3)
     end
@@ -134,7 +137,7 @@ local function push_batch(pool, ms, list)
     if n == 0 then
         return {}
     end
-    local ok, err = c_push_batch(pool.id, ms, list, n)
+    local ok, err = c_push_batch(pool.id, ms, deadline, list, n)
     if type(ok) == "boolean" then
         return waited(ok, err, c_results)
     end
@@ -147,15 +150,18 @@ end
 -- math.huge) encode the table.
 local COUNTERS = { "threads", "busy", "queued", "pushed", "completed",
                    "errors", "rejected", "timed_out", "abandoned",
-                   "cancelled" }
+                   "cancelled", "overloaded", "expired" }
 local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
 -- then the shadow counters (thread_pool_shadow), as shadow_<name>
 local SHADOW = { "compared", "mismatched", "skipped" }
 local SHADOW_AT = #COUNTERS + 2 * (#BOUNDS + 1)
+-- then the estimates of deadline-aware admission, in µs, as seconds
+local ESTIMATES = { "expected_wait", "run_estimate" }
+local ESTIMATES_AT = SHADOW_AT + #SHADOW
 -- then the stream counters, as stream_<name> (streams: as it is)
 local STREAM = { "streams", "chunks_out", "bytes_out", "chunks_in",
                  "bytes_in", "send_wait_us" }
-local STREAM_AT = SHADOW_AT + #SHADOW
+local STREAM_AT = ESTIMATES_AT + #ESTIMATES
 local STATS_LEN = STREAM_AT + #STREAM
 
 local function histogram(counters, offset)
@@ -194,13 +200,15 @@ end
 -- returns its return values, or nil and an error.
 function Pool.push_task(self, ...)
     check_self(self, "push_task")
-    return push(self, self.timeout_ms, ...)
+    return push(self, self.timeout_ms, self.deadline, ...)
 end
 
--- As push_task, with a timeout in seconds for this call.
+-- As push_task, with a timeout in seconds for this call, which is also
+-- its deadline: nil, "overloaded" at once when the pool cannot finish it
+-- in time.
 function Pool.push_task_timeout(self, seconds, ...)
     check_self(self, "push_task_timeout")
-    return push(self, timeout_ms(seconds), ...)
+    return push(self, timeout_ms(seconds), true, ...)
 end
 
 -- Runs one task per entry of list, an array of argument arrays, with one
@@ -209,13 +217,14 @@ end
 -- ("queue full" if they do not all fit).
 function Pool.push_tasks(self, list)
     check_self(self, "push_tasks")
-    return push_batch(self, self.timeout_ms, list)
+    return push_batch(self, self.timeout_ms, self.deadline, list)
 end
 
--- As push_tasks, with a timeout in seconds for the whole batch.
+-- As push_tasks, with a timeout in seconds for the whole batch, which is
+-- also its deadline (see push_task_timeout).
 function Pool.push_tasks_timeout(self, seconds, list)
     check_self(self, "push_tasks_timeout")
-    return push_batch(self, timeout_ms(seconds), list)
+    return push_batch(self, timeout_ms(seconds), true, list)
 end
 
 -- What a stream's read or write returns for what its C function gave
@@ -346,7 +355,8 @@ function Stream.close(self)
 end
 
 -- Sets the default timeout in seconds of push_task on this pool, in this
--- worker (60 seconds to start with).
+-- worker (60 seconds to start with, or the pool's thread_pool_deadline,
+-- which it then replaces as the default deadline).
 function Pool.set_timeout(self, seconds)
     check_self(self, "set_timeout")
     self.timeout_ms = timeout_ms(seconds)
@@ -376,12 +386,15 @@ function Pool.stats(self)
         end
         return nil, "no stats outside a worker process"
     end
-    local t = new_tab(0, #COUNTERS + #SHADOW + #STREAM + 3)
+    local t = new_tab(0, #COUNTERS + #SHADOW + #ESTIMATES + #STREAM + 3)
     for i = 1, #COUNTERS do
         t[COUNTERS[i]] = counters[i]
     end
     for i = 1, #SHADOW do
         t["shadow_" .. SHADOW[i]] = counters[SHADOW_AT + i]
+    end
+    for i = 1, #ESTIMATES do
+        t[ESTIMATES[i]] = counters[ESTIMATES_AT + i] / 1e6
     end
     t.streams = counters[STREAM_AT + 1]
     for i = 2, #STREAM - 1 do
@@ -410,13 +423,16 @@ return setmetatable(_M, {
         if type(name) ~= "string" then
             return nil
         end
-        local id = c_pool_id(name)
+        local id, deadline_ms = c_pool_id(name)
         if id < 0 then
             error("resty.threadpool: no thread pool \"" .. name
                   .. "\" with a thread_pool_process_by_lua handler", 2)
         end
+        -- thread_pool_deadline: push_task's timeout, and a deadline
         local pool = setmetatable({ name = name, id = id,
-                                    timeout_ms = DEFAULT_TIMEOUT * 1000 },
+                                    timeout_ms = deadline_ms
+                                                 or DEFAULT_TIMEOUT * 1000,
+                                    deadline = deadline_ms ~= nil },
                                   Pool)
         rawset(t, name, pool)
         return pool

@@ -39,9 +39,10 @@ use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
 use crate::worker::tasks::{Caller, Read, Release, RequestTasks};
-use crate::worker::{with_worker, WorkerError};
+use crate::worker::{with_worker, WorkerError, OVERLOADED};
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
+use std::time::Duration;
 
 /// Return codes, as lua-resty-core's C functions return them.
 pub const OK: c_int = 0;
@@ -54,7 +55,7 @@ pub const BAD_CONTEXT: c_int = -101;
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
 /// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 12;
+pub const API_VERSION: c_int = 13;
 
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
 /// table, for the shim's stats); where a push may wait is `yieldable`
@@ -333,8 +334,9 @@ unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
     }
 }
 
-/// `id = pool_id(name)`: the id of the pool `name` (0-based), -1 if no
-/// pool of that name has a process handler. Read from the configuration,
+/// `id, deadline_ms = pool_id(name)`: the id of the pool `name` (0-based),
+/// -1 if no pool of that name has a process handler, and its
+/// `thread_pool_deadline` in ms (nil: none). Read from the configuration,
 /// so it also answers before the worker's threads exist
 /// (init_worker_by_lua runs first).
 unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
@@ -345,13 +347,16 @@ unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
         let mut len = 0;
         let data = lua::lua_tolstring(l, 1, &mut len);
         let name = std::slice::from_raw_parts(data.cast::<u8>(), len);
-        let id = crate::conf::running_pools()
-            .iter()
-            .position(|p| p.name.as_bytes() == name)
-            .map_or(-1, |id| id as lua::lua_Integer);
-        lua::lua_pushinteger(l, id);
+        let pools = crate::conf::running_pools();
+        let id = pools.iter().position(|p| p.name.as_bytes() == name);
+        lua::lua_pushinteger(l, id.map_or(-1, |id| id as lua::lua_Integer));
+        // within the range of a timeout (ms_arg)
+        match id.and_then(|id| pools[id].settings.deadline) {
+            Some(d) => lua::lua_pushinteger(l, d.as_millis().min(c_int::MAX as u128) as _),
+            None => lua::lua_pushnil(l),
+        }
     }
-    1
+    2
 }
 
 /// `counters = stats(pool)`: this worker's counters of pool `pool`, an
@@ -394,37 +399,43 @@ unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
     0
 }
 
-/// `ok, err = push(pool, timeout_ms, ...)`: queues one task and waits:
+/// `ok, err = push(pool, timeout_ms, deadline, ...)`: queues one task and waits:
 /// the coroutine yields until the task is done (true) or the timeout
 /// (false, "timeout"), then takes the results with `result()` or lets go
 /// of the task with `release()`. The wait is started and yielded here, in
 /// one call, so that no Lua code can start a wait and not yield for it.
-/// Nothing queued: DECLINED when the queue is full, BAD_CONTEXT where it
-/// may not wait, ERROR and a message.
+/// With `deadline` true, the timeout is also the push's deadline. Nothing
+/// queued: DECLINED when the queue is full, BAD_CONTEXT where it may not
+/// wait, ERROR and a message ("overloaded" when the pool cannot finish the
+/// task before its deadline).
 unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the arguments are checked before anything
-    // else; the values are at 3..=top.
+    // else; the values are at 4..=top.
     unsafe {
         let pool = pool_arg(l, 1, c"push");
         let ms = ms_arg(l, 2, c"push");
-        push_one(l, pool, Mode::Wait(ms))
+        let deadline = deadline_arg(l, 3, c"push", ms);
+        if !admitted(pool, 1, deadline) {
+            return refused(l, ERROR, OVERLOADED);
+        }
+        push_one(l, pool, Mode::Wait(ms, deadline), 4)
     }
 }
 
-/// What push and push_stream share: encodes the values at 3..=top as one
-/// task's arguments and queues it.
+/// What push and push_stream share: encodes the values at first..=top as
+/// one task's arguments and queues it.
 ///
 /// # Safety
 /// As refused, with the arguments checked.
-unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode) -> c_int {
-    // SAFETY: forwarded; the values are at 3..=top.
+unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode, first: c_int) -> c_int {
+    // SAFETY: forwarded; the values are at first..=top.
     unsafe {
-        let n = (lua::lua_gettop(l) - 2).max(0) as usize;
+        let n = (lua::lua_gettop(l) - first + 1).max(0) as usize;
         let borrow = borrow_of(l, pool);
         let mut args = new_args();
         if let Err(e) = codec::write_values(
             l,
-            Source::Stack(3),
+            Source::Stack(first),
             n,
             "argument",
             borrow,
@@ -434,27 +445,31 @@ unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode) -> c_int {
             return refused(l, ERROR, &e.to_string());
         }
         args.end_part();
-        queue(l, pool, mode, args, Values::Stack(3, n), borrow)
+        queue(l, pool, mode, args, Values::Stack(first, n), borrow)
     }
 }
 
-/// `ok, err = push_batch(pool, timeout_ms, list, count)`: as push, one
+/// `ok, err = push_batch(pool, timeout_ms, deadline, list, count)`: as push, one
 /// task per entry of list[1..count], count <= #list, an argument table
 /// whose `n` field, when a number, counts its values; the results come
 /// with `results()`. One record, one wait.
 unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the arguments are checked before anything
-    // else (list at 3, a table); each entry is pushed at 5, above the
+    // else (list at 4, a table); each entry is pushed at 6, above the
     // count, with the walk's slots reserved above it.
     unsafe {
         let f = c"push_batch";
         let pool = pool_arg(l, 1, f);
         let ms = ms_arg(l, 2, f);
-        check_type(l, 3, f, lua::LUA_TTABLE);
-        let len = lua::lua_objlen(l, 3) as f64;
-        let count = int_arg(l, 4, f, (1.0, len), c"count out of range: 1 to #list") as usize;
+        let deadline = deadline_arg(l, 3, f, ms);
+        check_type(l, 4, f, lua::LUA_TTABLE);
+        let len = lua::lua_objlen(l, 4) as f64;
+        let count = int_arg(l, 5, f, (1.0, len), c"count out of range: 1 to #list") as usize;
+        if !admitted(pool, count, deadline) {
+            return refused(l, ERROR, OVERLOADED);
+        }
         let borrow = borrow_of(l, pool);
-        lua::lua_settop(l, 4);
+        lua::lua_settop(l, 5);
         if !codec::reserve_walk(l, 2) {
             return refused(l, ERROR, &codec::stack_overflow().to_string());
         }
@@ -462,12 +477,12 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
         let mut counts = Vec::with_capacity(count);
         // An entry stays on the stack only while it is walked: a batch
         // may hold more tasks than a C function's stack may hold values.
-        const ENTRY: c_int = 5;
+        const ENTRY: c_int = 6;
         // One guard for the whole list: nothing in it raises (raw reads,
         // and walks whose slots are reserved).
         let walked = guard::catch(|| {
             for i in 1..=count {
-                lua::lua_rawgeti_(l, 3, i as c_int);
+                lua::lua_rawgeti_(l, 4, i as c_int);
                 if lua::lua_type(l, ENTRY) != lua::LUA_TTABLE {
                     return Err(format!("task {i}: expected a table of arguments"));
                 }
@@ -490,25 +505,53 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
                     &mut args.spans,
                 )
                 .map_err(|e| format!("task {i}: {e}"))?;
-                lua::lua_settop(l, 4);
+                lua::lua_settop(l, 5);
                 args.end_part();
                 counts.push(n);
             }
             Ok(())
         });
-        if let Err(msg) = walked.unwrap_or_else(|panic| Err(format!("panic: {panic}"))) {
-            lua::lua_settop(l, 4);
+        if let Err(msg) = walked.unwrap_or_else(|panic| Err(ngx_threadpool_wire::panicked(panic))) {
+            lua::lua_settop(l, 5);
             return refused(l, ERROR, &msg);
         }
         queue(
             l,
             pool,
-            Mode::Wait(ms),
+            Mode::Wait(ms, deadline),
             args,
-            Values::List(3, &counts),
+            Values::List(4, &counts),
             borrow,
         )
     }
+}
+
+/// Argument `i` of `f`: whether the timeout `ms` is also the push's
+/// deadline, which it then is from now.
+///
+/// # Safety
+/// As bad_argument.
+unsafe fn deadline_arg(l: *mut lua_State, i: c_int, f: &CStr, ms: c_int) -> Option<Duration> {
+    // SAFETY: forwarded.
+    unsafe {
+        check_type(l, i, f, lua::LUA_TBOOLEAN);
+        (lua::lua_toboolean(l, i) != 0).then(|| Duration::from_millis(ms as u64))
+    }
+}
+
+/// Whether `n` tasks with `deadline` may be pushed to pool `pool`: always
+/// without one (or outside a worker, where the push fails on its own).
+fn admitted(pool: usize, n: usize, deadline: Option<Duration>) -> bool {
+    let Some(deadline) = deadline else {
+        return true;
+    };
+    let refused = |w: &mut crate::worker::Worker| {
+        matches!(w.admit(pool, n, deadline), Err(WorkerError::Overloaded))
+    };
+    !guard::catch(|| with_worker(refused))
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 /// Arguments to encode a push in, from the worker's spares.
@@ -519,8 +562,9 @@ fn new_args() -> Args {
 /// What a push does once its tasks are queued.
 #[derive(Clone, Copy)]
 enum Mode {
-    /// Waits for them this long (ms).
-    Wait(c_int),
+    /// Waits for them this long (ms), and the deadline from now if it is
+    /// one.
+    Wait(c_int, Option<Duration>),
     /// Starts a stream of at most this many unread chunks, and waits for
     /// nothing: its reads wait.
     Stream(usize),
@@ -547,7 +591,7 @@ unsafe fn queue(
             return refused(l, ERROR, "an argument changed while it was pushed");
         };
         let queued = guard::catch(|| queue_and_wait(l, pool, mode, args, anchor))
-            .unwrap_or_else(|panic| Queued::Refused(ERROR, format!("panic: {panic}")));
+            .unwrap_or_else(|panic| Queued::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
         match queued {
             // lua_yield only marks the coroutine (it yields when this
             // function returns its value): the coroutine was found able
@@ -623,20 +667,20 @@ fn queue_and_wait(l: *mut lua_State, pool: usize, mode: Mode, args: Args, anchor
         return Queued::Refused(ERROR, NOT_YIELDABLE.into());
     }
     let queued = with_worker(|w| {
-        let stream = match mode {
-            Mode::Stream(bound) => Some(bound),
-            Mode::Wait(_) => None,
+        let (stream, deadline) = match mode {
+            Mode::Stream(bound) => (Some(bound), None),
+            Mode::Wait(_, deadline) => (None, deadline),
         };
         // SAFETY: the caller's list lives in r->pool and unlinks its
         // records when that pool is destroyed; the shim's stack anchors
         // the borrowed strings.
-        let task = match unsafe { w.push(pool, Some(caller), args, anchor, stream) } {
+        let task = match unsafe { w.push(pool, Some(caller), args, anchor, deadline, stream) } {
             Ok(task) => task,
             Err(WorkerError::QueueFull) => return Queued::Refused(DECLINED, String::new()),
             Err(e) => return Queued::Refused(ERROR, e.to_string()),
         };
         crate::worker::gate::pushed(r.connection_number());
-        let Mode::Wait(ms) = mode else {
+        let Mode::Wait(ms, _) = mode else {
             return Queued::Stream(task);
         };
         let mut buf = [0u8; 256];
@@ -682,7 +726,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
         args.end_part();
         let posted = guard::catch(|| {
             // SAFETY: a posted task has no owner and borrows nothing.
-            with_worker(|w| w.push(pool, None, args, 0, None))
+            with_worker(|w| w.push(pool, None, args, 0, None, None))
         });
         match posted {
             Ok(Some(Ok(_))) => {
@@ -693,7 +737,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
             Ok(Some(Err(e))) => refused(l, ERROR, &e.to_string()),
             Ok(None) if in_init_worker(request_of(l)) => refused(l, ERROR, NOT_STARTED),
             Ok(None) => refused(l, ERROR, "not in a worker process with running pools"),
-            Err(panic) => refused(l, ERROR, &format!("panic: {panic}")),
+            Err(panic) => refused(l, ERROR, &ngx_threadpool_wire::panicked(panic)),
         }
     }
 }
@@ -892,7 +936,7 @@ unsafe extern "C-unwind" fn push_stream(l: *mut lua_State) -> c_int {
                 .map_or(1, |p| p.settings.stream_chunks),
             n => n,
         };
-        push_one(l, pool, Mode::Stream(chunks))
+        push_one(l, pool, Mode::Stream(chunks), 3)
     }
 }
 
@@ -946,7 +990,7 @@ unsafe extern "C-unwind" fn read(l: *mut lua_State) -> c_int {
             })
             .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
         })
-        .unwrap_or_else(|panic| Got::Refused(ERROR, format!("panic: {panic}")));
+        .unwrap_or_else(|panic| Got::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
         lua::lua_settop(l, 0);
         match got {
             Got::Waiting(AGAIN) => lua::lua_yield(l, 0),
@@ -1056,7 +1100,7 @@ unsafe extern "C-unwind" fn write(l: *mut lua_State) -> c_int {
             })
             .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
         })
-        .unwrap_or_else(|panic| Got::Refused(ERROR, format!("panic: {panic}")));
+        .unwrap_or_else(|panic| Got::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
         lua::lua_settop(l, 0);
         match wrote {
             Got::Waiting(AGAIN) => lua::lua_yield(l, 0),

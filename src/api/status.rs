@@ -10,7 +10,8 @@ use crate::ngx::http;
 use crate::ngx::sys;
 use crate::worker::gate::{GateShared, GateSlot};
 use crate::worker::stats::{
-    PoolStats, BUCKET_BOUNDS_US, SHADOW_AT, SHADOW_NAMES, STATS_LEN, STREAM_AT, STREAM_NAMES,
+    PoolStats, BUCKET_BOUNDS_US, COUNTER_NAMES, ESTIMATES_AT, ESTIMATE_NAMES, SHADOW_AT,
+    SHADOW_NAMES, STATS_LEN, STREAM_AT, STREAM_NAMES,
 };
 use std::ffi::{c_char, c_void};
 use std::fmt::Write;
@@ -64,7 +65,7 @@ unsafe extern "C" fn status_handler(r: *mut sys::ngx_http_request_t) -> sys::ngx
 }
 
 /// (name, help, type) of each counter, in PoolStats::write's order.
-const COUNTERS: [(&str, &str, &str); 10] = [
+const COUNTERS: [(&str, &str, &str); COUNTER_NAMES.len()] = [
     (
         "ngx_threadpool_threads",
         "Threads of the pool in the worker.",
@@ -114,6 +115,29 @@ const COUNTERS: [(&str, &str, &str); 10] = [
         "ngx_threadpool_tasks_cancelled_total",
         "Tasks not run: their caller gave up before a thread took them.",
         "counter",
+    ),
+    (
+        "ngx_threadpool_tasks_overloaded_total",
+        "Pushes refused: the pool could not finish them before their deadline.",
+        "counter",
+    ),
+    (
+        "ngx_threadpool_tasks_expired_total",
+        "Tasks not run: their deadline came too close while they waited.",
+        "counter",
+    ),
+];
+
+/// (name, help) of each estimate (gauges, in µs), in PoolStats::write's
+/// order.
+const ESTIMATES: [(&str, &str); ESTIMATE_NAMES.len()] = [
+    (
+        "ngx_threadpool_expected_wait_seconds",
+        "Expected wait of a task pushed now, from the tasks ahead and the run estimate.",
+    ),
+    (
+        "ngx_threadpool_run_estimate_seconds",
+        "Recent run time of a task (a moving average).",
     ),
 ];
 
@@ -182,6 +206,16 @@ fn render(names: &[&str], all: &[PoolStats]) -> String {
             } else {
                 let _ = writeln!(out, "{name}{{{labels}}} {n}");
             }
+        }
+    }
+    for (k, (name, help)) in ESTIMATES.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (worker, pool, v) in &rows {
+            let seconds = v[ESTIMATES_AT + k] as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "{name}{{pool=\"{pool}\",worker=\"{worker}\"}} {seconds}"
+            );
         }
     }
     let per = BUCKET_BOUNDS_US.len() + 2;

@@ -291,8 +291,8 @@ impl<'a> Reader<'a, '_> {
         self.table(depth, 0, n)?;
         for _ in 0..n {
             match self.value(depth + 1)? {
-                Pushed::Null => return Err("nil table key".into()),
-                Pushed::NaN => return Err("NaN table key".into()),
+                Pushed::Null => return Err(ngx_threadpool_wire::NIL_KEY.into()),
+                Pushed::NaN => return Err(ngx_threadpool_wire::NAN_KEY.into()),
                 Pushed::Other => {}
             }
             self.value(depth + 1)?;

@@ -83,7 +83,7 @@ pub unsafe fn write_values(
             // SAFETY: the mark was made on this state before the walk; a
             // panic stops it anywhere, and what it left is put back.
             unsafe { mark.restore(l, out, spans) };
-            Err(CodecError::Value(format!("panic: {panic}")))
+            Err(CodecError::Value(ngx_threadpool_wire::panicked(panic)))
         })
 }
 
@@ -219,9 +219,7 @@ unsafe fn encode_into(
     sink: Sink,
 ) -> Result<(), CodecError> {
     if n > MAX_VALUES {
-        return Err(CodecError::Value(format!(
-            "too many {what}s (max {MAX_VALUES})"
-        )));
+        return Err(CodecError::Value(ngx_threadpool_wire::too_many(what)));
     }
     let mut walk = Walk {
         out,

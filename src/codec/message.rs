@@ -1,7 +1,6 @@
 //! Error messages of the encoder: what cannot cross, and where in the
 //! value it is (`cannot pass function in argument #1 at ["a"][3]`).
 
-use super::wire::{MAX_DEPTH, MAX_PAYLOAD};
 use mlua::ffi;
 use std::ffi::c_int;
 
@@ -45,7 +44,7 @@ impl EncError {
             Kind::Type(t) => format!("cannot pass {t} in {what} #{pos}{at}"),
             Kind::Key(t) => format!("cannot pass table key {t} in {what} #{pos}{at}"),
             Kind::Cyclic => format!("cyclic table in {what} #{pos}{at}"),
-            Kind::Deep => format!("table nested deeper than {MAX_DEPTH} in {what} #{pos}{at}"),
+            Kind::Deep => format!("{} in {what} #{pos}{at}", ngx_threadpool_wire::too_deep()),
             Kind::Size => size_message(what),
         }
     }
@@ -53,9 +52,7 @@ impl EncError {
 
 /// The error of a payload over MAX_PAYLOAD, naming what it holds
 /// ("argument", "return value").
-pub fn size_message(what: &str) -> String {
-    format!("{what}s exceed {MAX_PAYLOAD} bytes")
-}
+pub use ngx_threadpool_wire::too_large as size_message;
 
 /// Lua's `type()` name for a `lua_type` code.
 pub fn lua_type_name(t: c_int) -> &'static str {

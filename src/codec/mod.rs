@@ -63,7 +63,7 @@ pub unsafe fn push_values(
     let ops = reuse(SPARE_OPS.take());
     // SAFETY: forwarded from the caller.
     let decoded = guard::catch(|| unsafe { decode(bytes, spans, ops) })
-        .map_err(|panic| CodecError::BadPayload(format!("panic: {panic}")))??;
+        .map_err(|panic| CodecError::BadPayload(ngx_threadpool_wire::panicked(panic)))??;
     // SAFETY: forwarded from the caller; the ops come from the decoder,
     // whose deepest value needs NEST_SLOTS.
     let built = unsafe { stack::build(l, decoded.n, NEST_SLOTS, &decoded.ops) };
@@ -119,7 +119,10 @@ pub unsafe fn read_entries<'a>(
         // the payload being read when it panicked: its steps are dropped
         let end = read.last().map_or(0, |&(_, end)| end);
         ops.truncate(end);
-        read.push((Err(CodecError::BadPayload(format!("panic: {panic}"))), end));
+        read.push((
+            Err(CodecError::BadPayload(ngx_threadpool_wire::panicked(panic))),
+            end,
+        ));
     }
     Entries { ops, read }
 }

@@ -3,22 +3,13 @@
 
 use std::fmt;
 
-/// Deepest table nesting that can be passed (a top-level table is level 1).
-pub const MAX_DEPTH: usize = 100;
+/// The limits, declared with the handler crate's (ngx_threadpool_wire):
+/// MAX_DEPTH, MAX_VALUES, MAX_PAYLOAD, and the ext type of a borrowed
+/// string, whose data is the big-endian u32 index of the payload's `Span`
+/// holding it.
+pub use ngx_threadpool_wire::{EXT_BORROWED as BORROWED, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES};
 
-/// Largest payload, in encoded bytes.
-pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
-
-/// Most values in one payload.  LuaJIT cannot push or `unpack` more than
-/// about 8000 values at once, so this leaves room and bounds what a count in
-/// a corrupt payload can make the decoder allocate.
-pub const MAX_VALUES: usize = 4096;
 pub use crate::lua::NOT_ENOUGH_MEMORY;
-
-/// The msgpack ext type of a borrowed string: a large string that is not
-/// copied into the payload but read in place where the payload is decoded.
-/// Its data is the big-endian u32 index of the payload's `Span` holding it.
-pub const BORROWED: i8 = 1;
 
 /// Bytes of a borrowed string's ext in the payload (fixext 4).
 pub(super) const BORROWED_EXT_LEN: usize = 6;
@@ -78,7 +69,7 @@ impl fmt::Display for CodecError {
         match self {
             CodecError::OutOfMemory => f.write_str(NOT_ENOUGH_MEMORY),
             CodecError::Value(msg) => f.write_str(msg),
-            CodecError::BadPayload(msg) => write!(f, "bad payload: {msg}"),
+            CodecError::BadPayload(msg) => f.write_str(&ngx_threadpool_wire::bad_payload(msg)),
         }
     }
 }

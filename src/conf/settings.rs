@@ -24,6 +24,10 @@ pub struct Settings {
     /// read in place rather than copied (None: off). Read by the shim for
     /// arguments, by a Lua thread for results.
     pub zero_copy: Option<usize>,
+    /// `thread_pool_deadline`: push_task's and push_tasks' timeout, which
+    /// is then also their deadline (None: off, the shim's 60 s timeout
+    /// and no deadline). Read by the shim.
+    pub deadline: Option<Duration>,
     /// `thread_pool_stream_chunks`: the most chunks of a stream sent and
     /// not read yet (push_stream may ask for another). Read by the shim's
     /// push_stream.
@@ -38,6 +42,7 @@ impl Default for Settings {
             slow_task: Some(Duration::from_secs(10)),
             scheduling: DEFAULT_SCHEDULING,
             zero_copy: Some(DEFAULT_ZERO_COPY),
+            deadline: None,
             stream_chunks: DEFAULT_STREAM_CHUNKS,
         }
     }
@@ -55,7 +60,7 @@ pub struct Directive {
 pub type Parse = fn(&mut Settings, Conf, &[&[u8]]) -> Result<(), ConfError>;
 
 /// Every setting's directive; the setter gets an entry's index.
-pub const DIRECTIVES: [Directive; 4] = [
+pub const DIRECTIVES: [Directive; 5] = [
     Directive {
         name: c"thread_pool_slow_task_log",
         args: sys::NGX_CONF_TAKE2,
@@ -72,6 +77,11 @@ pub const DIRECTIVES: [Directive; 4] = [
         parse: zero_copy,
     },
     Directive {
+        name: c"thread_pool_deadline",
+        args: sys::NGX_CONF_TAKE2,
+        parse: deadline,
+    },
+    Directive {
         name: c"thread_pool_stream_chunks",
         args: sys::NGX_CONF_TAKE2,
         parse: stream_chunks,
@@ -83,12 +93,25 @@ fn slow_task(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError
     s.slow_task = if args[0] == b"off" {
         None
     } else {
-        match cf.parse_time_ms(args[0]) {
-            Some(ms) if ms > 0 => Some(Duration::from_millis(ms)),
-            _ => return Err(ConfError::BadTime),
-        }
+        Some(Duration::from_millis(time_ms(cf, args[0])?))
     };
     Ok(())
+}
+
+/// `thread_pool_deadline POOL TIME | off;`.
+fn deadline(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError> {
+    s.deadline = match args[0] {
+        b"off" => None,
+        time => Some(Duration::from_millis(time_ms(cf, time)?)),
+    };
+    Ok(())
+}
+
+/// A TIME argument in ms, more than 0.
+fn time_ms(cf: Conf, arg: &[u8]) -> Result<u64, ConfError> {
+    cf.parse_time_ms(arg)
+        .filter(|&ms| ms > 0)
+        .ok_or(ConfError::BadTime)
 }
 
 /// `thread_pool_scheduling`'s default: on a loaded machine the event loop

@@ -19,7 +19,7 @@ use crate::pool::compare::Expected;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A record's handle inside the module (and in debug lines): generation <<
 /// 32 | slot. Lua never holds one: a caller's record is found by who it is
@@ -39,6 +39,10 @@ pub struct Work {
     /// alive by whoever pushed until the completion reaches the event loop.
     pub args: Args,
     pub queued_at: Instant,
+    /// A push with a deadline (push_task_timeout, thread_pool_deadline):
+    /// when its caller stops waiting. A thread starts none of its tasks
+    /// once that is too close (PoolStats::late).
+    pub deadline: Option<Instant>,
     /// Set on the event loop once the caller gave up (timeout, request
     /// gone): tasks not started yet are skipped, running ones may look.
     cancelled: Cancel,
@@ -69,8 +73,8 @@ const RESULT_CAPACITY: usize = 256;
 pub type Job = Arc<Work>;
 
 impl Work {
-    /// A push whose results are written in buffers from `buffer`, listed
-    /// in `results` (emptied first). `spare`, a push that came back and
+    /// A push, with its `deadline` from now, whose results are written in
+    /// buffers from `buffer`, listed in `results` (emptied first). `spare`, a push that came back and
     /// that no thread holds (see `take`), is reused: a push in steady state
     /// allocates nothing.
     pub fn new(
@@ -79,9 +83,11 @@ impl Work {
         pool: usize,
         args: Args,
         results: Vec<Payload>,
+        deadline: Option<Duration>,
         buffer: impl FnMut() -> Vec<u8>,
     ) -> Job {
-        let work = Work::with(task, pool, args, None, results, buffer);
+        let mut work = Work::with(task, pool, args, None, results, buffer);
+        work.deadline = deadline.map(|d| work.queued_at + d);
         match spare {
             Some(mut job) => match Arc::get_mut(&mut job) {
                 Some(w) => {
@@ -126,6 +132,7 @@ impl Work {
             pool,
             args,
             queued_at: Instant::now(),
+            deadline: None,
             cancelled: Cancel::default(),
             next: AtomicUsize::new(0),
             left: AtomicUsize::new(n),
@@ -234,7 +241,7 @@ mod tests {
             args.bytes.push(0xc0);
             args.end_part();
         }
-        let job = Work::new(None, 1, 0, args, Vec::new(), Vec::new);
+        let job = Work::new(None, 1, 0, args, Vec::new(), None, Vec::new);
         let mut claims = Vec::new();
         while let Some(c) = job.claim(2) {
             claims.push(c);
@@ -262,7 +269,7 @@ mod tests {
         let args_at = args.bytes.as_ptr();
         let mut supplied = Some(Vec::with_capacity(512));
         let supplied_at = supplied.as_ref().map(|b| b.as_ptr());
-        let job = Work::new(None, 1, 0, args, Vec::new(), || {
+        let job = Work::new(None, 1, 0, args, Vec::new(), None, || {
             supplied.take().unwrap_or_default()
         });
         let shared = job.clone();
@@ -287,7 +294,7 @@ mod tests {
         let (args, job) = spare.expect("no thread holds the push");
         assert_eq!(args.bytes.as_ptr(), args_at, "arguments");
         let job_at = Arc::as_ptr(&job);
-        let again = Work::new(Some(job), 2, 0, args, results, Vec::new);
+        let again = Work::new(Some(job), 2, 0, args, results, None, Vec::new);
         assert_eq!(Arc::as_ptr(&again), job_at, "the push itself");
     }
 }

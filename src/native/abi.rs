@@ -1,71 +1,69 @@
-//! The C side of handler/include/ngx_threadpool.h: its structs and the
-//! four exports, as a loaded library gives them. Kept in step with the
-//! header by hand: each item names its C counterpart.
+//! The C side of handler/include/ngx_threadpool.h, generated from it by
+//! bindgen (build.rs): its structs, its exports' function types, its
+//! constants. The header's numbers that the handler crate shares
+//! (ngx_threadpool_wire) are checked against it here, when this compiles.
+
+#![allow(non_camel_case_types)]
 
 use crate::codec::Span;
-use std::ffi::{c_int, c_uint, c_void};
+use ngx_threadpool_wire as wire;
+use std::mem::{align_of, offset_of, size_of};
 
-/// NGX_THREADPOOL_ABI_VERSION.
-pub const ABI_VERSION: u32 = 2;
-/// The oldest version loaded: version 2 only added fields at the end of
-/// `ngx_tp_task_t`.
-pub const ABI_VERSION_MIN: u32 = 1;
+include!(concat!(env!("OUT_DIR"), "/handler_abi.rs"));
 
-/// NGX_TP_OK and NGX_TP_ERROR.
-pub const OK: c_int = 0;
-pub const ERROR: c_int = 1;
-/// NGX_TP_CANCELLED, NGX_TP_END, NGX_TP_NO_STREAM (send and receive).
-pub const CANCELLED: c_int = 2;
-pub const END: c_int = 3;
-pub const NO_STREAM: c_int = 4;
-
-/// NGX_TP_LOG_ERR ... NGX_TP_LOG_DEBUG, nginx's own levels.
-pub const LOG_ERR: c_int = 4;
-pub const LOG_DEBUG: c_int = 8;
-
-/// `ngx_tp_bytes_t`: codec::Span is `#[repr(C)] { data, len }`, the same
-/// layout, so spans cross as they are.
-pub type Bytes = Span;
-
-/// `ngx_tp_out_t`.
-#[repr(C)]
-pub struct Out {
-    pub write: unsafe extern "C" fn(out: *mut Out, data: *const u8, len: usize) -> c_int,
-    pub module: *mut c_void,
+/// The function a bindgen'd function type holds: bindgen gives C's
+/// function types as `Option<fn>`, null being `None`; a looked-up export
+/// is never null, so the library keeps the function itself.
+pub trait Function {
+    type Fn;
 }
 
-/// `ngx_tp_log_pt`.
-pub type LogFn = unsafe extern "C" fn(log: *const c_void, level: c_int, msg: *const u8, len: usize);
-
-/// `ngx_tp_init_t`.
-#[repr(C)]
-pub struct Init {
-    pub pool: Bytes,
-    pub config: Bytes,
-    pub thread: c_uint,
-    pub log_fn: LogFn,
-    pub log: *const c_void,
+impl<F> Function for Option<F> {
+    type Fn = F;
 }
 
-/// `ngx_tp_task_t`.
-#[repr(C)]
-pub struct Task {
-    pub args: Bytes,
-    pub spans: *const Bytes,
-    pub nspans: usize,
-    pub cancelled: unsafe extern "C" fn(task: *const Task) -> c_int,
-    pub module: *const c_void,
-    pub send: unsafe extern "C" fn(task: *const Task, payload: *const u8, len: usize) -> c_int,
-    pub receive: unsafe extern "C" fn(task: *const Task, out: *mut Out) -> c_int,
-}
+pub type AbiVersionFn = <ngx_threadpool_abi_version_t as Function>::Fn;
+pub type InitFn = <ngx_threadpool_init_t as Function>::Fn;
+pub type ProcessFn = <ngx_threadpool_process_t as Function>::Fn;
+pub type FreeFn = <ngx_threadpool_free_t as Function>::Fn;
 
-/// `ngx_threadpool_abi_version`.
-pub type AbiVersionFn = unsafe extern "C" fn() -> u32;
-/// `ngx_threadpool_init`.
-pub type InitFn =
-    unsafe extern "C" fn(init: *const Init, state: *mut *mut c_void, err: *mut Out) -> c_int;
-/// `ngx_threadpool_process`.
-pub type ProcessFn =
-    unsafe extern "C" fn(state: *mut c_void, task: *const Task, out: *mut Out) -> c_int;
-/// `ngx_threadpool_free`.
-pub type FreeFn = unsafe extern "C" fn(state: *mut c_void);
+/// NGX_TP_OK and NGX_TP_ERROR, as init and process return them.
+pub const OK: i32 = NGX_TP_OK as i32;
+pub const ERROR: i32 = NGX_TP_ERROR as i32;
+/// NGX_TP_CANCELLED, NGX_TP_END, NGX_TP_NO_STREAM (a task's send and
+/// receive).
+pub const CANCELLED: i32 = NGX_TP_CANCELLED as i32;
+pub const END: i32 = NGX_TP_END as i32;
+pub const NO_STREAM: i32 = NGX_TP_NO_STREAM as i32;
+
+// The header and the crate that handlers are written with say the same.
+const _: () = {
+    assert!(NGX_THREADPOOL_ABI_VERSION == wire::ABI_VERSION);
+    assert!(NGX_TP_MAX_VALUES as usize == wire::MAX_VALUES);
+    assert!(NGX_TP_MAX_DEPTH as usize == wire::MAX_DEPTH);
+    assert!(NGX_TP_EXT_BORROWED as i8 == wire::EXT_BORROWED);
+    assert!(OK == wire::status::OK && ERROR == wire::status::ERROR);
+    assert!(CANCELLED == wire::status::CANCELLED && END == wire::status::END);
+    assert!(NO_STREAM == wire::status::NO_STREAM);
+    assert!(NGX_TP_LOG_ERR as i32 == wire::level::ERR);
+    assert!(NGX_TP_LOG_WARN as i32 == wire::level::WARN);
+    assert!(NGX_TP_LOG_NOTICE as i32 == wire::level::NOTICE);
+    assert!(NGX_TP_LOG_INFO as i32 == wire::level::INFO);
+    assert!(NGX_TP_LOG_DEBUG as i32 == wire::level::DEBUG);
+};
+
+// A task's spans are the codec's, handed over as they are.
+const _: () = assert!(
+    size_of::<Span>() == size_of::<ngx_tp_bytes_t>()
+        && align_of::<Span>() == align_of::<ngx_tp_bytes_t>()
+        && offset_of!(Span, data) == offset_of!(ngx_tp_bytes_t, data)
+        && offset_of!(Span, len) == offset_of!(ngx_tp_bytes_t, len)
+);
+
+/// The header's view of bytes the module owns.
+pub fn bytes(b: &[u8]) -> ngx_tp_bytes_t {
+    ngx_tp_bytes_t {
+        data: b.as_ptr(),
+        len: b.len(),
+    }
+}

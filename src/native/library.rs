@@ -1,8 +1,9 @@
 //! A native handler library, loaded when the configuration is read so
 //! that `nginx -t` checks it: the file, its four exports, its ABI version.
 
-use super::abi::{self, AbiVersionFn, FreeFn, InitFn, ProcessFn};
+use super::abi::{AbiVersionFn, FreeFn, InitFn, ProcessFn};
 use crate::ngx::dl::Dl;
+use ngx_threadpool_wire as wire;
 use std::ffi::CStr;
 use std::fmt;
 use std::path::Path;
@@ -49,8 +50,8 @@ impl fmt::Display for LoadError {
                 f,
                 "cannot load \"{path}\": it is built for handler ABI version {found}, \
                  this module runs versions {} to {}",
-                abi::ABI_VERSION_MIN,
-                abi::ABI_VERSION
+                wire::ABI_VERSION_MIN,
+                wire::ABI_VERSION
             ),
         }
     }
@@ -88,7 +89,7 @@ impl Library {
         };
         // SAFETY: as above; the function takes nothing.
         let found = unsafe { version() };
-        if !(abi::ABI_VERSION_MIN..=abi::ABI_VERSION).contains(&found) {
+        if !(wire::ABI_VERSION_MIN..=wire::ABI_VERSION).contains(&found) {
             return Err(LoadError::Abi { path: shown, found });
         }
         Ok(Library {

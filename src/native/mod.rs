@@ -57,17 +57,17 @@ impl State {
             log,
             suffix: log::pool_suffix(pool),
         });
-        let init = abi::Init {
-            pool: Span::of(pool.as_bytes()),
+        let init = abi::ngx_tp_init_t {
+            pool: abi::bytes(pool.as_bytes()),
             config: spec.config.as_deref().map_or(
-                Span {
+                abi::ngx_tp_bytes_t {
                     data: std::ptr::null(),
                     len: 0,
                 },
-                Span::of,
+                abi::bytes,
             ),
             thread: thread as c_uint,
-            log_fn: log_line,
+            log_fn: Some(log_line),
             log: (&raw const *log_to).cast(),
         };
         let mut err = Vec::new();
@@ -105,14 +105,15 @@ impl State {
         out: &mut Vec<u8>,
         cancel: &Cancel,
     ) -> Outcome {
-        let task = abi::Task {
-            args: Span::of(args),
-            spans: spans.as_ptr(),
+        let task = abi::ngx_tp_task_t {
+            args: abi::bytes(args),
+            // a Span has ngx_tp_bytes_t's layout (abi.rs checks it)
+            spans: spans.as_ptr().cast(),
             nspans: spans.len(),
-            cancelled,
+            cancelled: Some(cancelled),
             module: (cancel as *const Cancel).cast(),
-            send,
-            receive,
+            send: Some(send),
+            receive: Some(receive),
         };
         let mut sink = Sink::new(out);
         // SAFETY: the state is this thread's; task, its spans (our
@@ -162,9 +163,9 @@ impl<'a> Sink<'a> {
 
     /// The writer handed to the library, pointing at this sink: used only
     /// while the sink is borrowed for the call.
-    fn out(&mut self) -> abi::Out {
-        abi::Out {
-            write,
+    fn out(&mut self) -> abi::ngx_tp_out_t {
+        abi::ngx_tp_out_t {
+            write: Some(write),
             module: (self as *mut Sink).cast(),
         }
     }
@@ -193,7 +194,7 @@ impl<'a> Sink<'a> {
 }
 
 /// `ngx_tp_out_t.write`.
-unsafe extern "C" fn write(out: *mut abi::Out, data: *const u8, len: usize) -> c_int {
+unsafe extern "C" fn write(out: *mut abi::ngx_tp_out_t, data: *const u8, len: usize) -> c_int {
     guard::catch(|| {
         // SAFETY: out is the writer of Sink::out, whose module points to
         // the sink, alive and not otherwise borrowed during the call; data
@@ -207,7 +208,7 @@ unsafe extern "C" fn write(out: *mut abi::Out, data: *const u8, len: usize) -> c
 }
 
 /// `ngx_tp_task_t.cancelled`.
-unsafe extern "C" fn cancelled(task: *const abi::Task) -> c_int {
+unsafe extern "C" fn cancelled(task: *const abi::ngx_tp_task_t) -> c_int {
     // SAFETY: task is the one run() passed, whose module is the task's
     // cancellation flag, alive during the call.
     c_int::from(unsafe { (*(*task).module.cast::<Cancel>()).is_cancelled() })
@@ -217,7 +218,7 @@ unsafe extern "C" fn cancelled(task: *const abi::Task) -> c_int {
 /// the header's levels), ending like a Lua thread's.
 /// `task->send`: hands a copy of the chunk to the stream of the task this
 /// thread runs (handoff::stream, which pool/thread.rs marks for the run).
-unsafe extern "C" fn send(_task: *const abi::Task, data: *const u8, len: usize) -> c_int {
+unsafe extern "C" fn send(_task: *const abi::ngx_tp_task_t, data: *const u8, len: usize) -> c_int {
     guard::catch(|| {
         if len > MAX_PAYLOAD {
             return abi::ERROR;
@@ -242,7 +243,10 @@ unsafe extern "C" fn send(_task: *const abi::Task, data: *const u8, len: usize) 
 }
 
 /// `task->receive`: the caller's next chunk, written to `out`.
-unsafe extern "C" fn receive(_task: *const abi::Task, out: *mut abi::Out) -> c_int {
+unsafe extern "C" fn receive(
+    _task: *const abi::ngx_tp_task_t,
+    out: *mut abi::ngx_tp_out_t,
+) -> c_int {
     guard::catch(|| {
         stream::with_serving(|s| match s.map(|s| s.receive(crate::ngx::notify::wake)) {
             None => abi::NO_STREAM,
@@ -251,8 +255,13 @@ unsafe extern "C" fn receive(_task: *const abi::Task, out: *mut abi::Out) -> c_i
             Some(Ok(Some(chunk))) => {
                 // SAFETY: out is the library's writer, as the header says;
                 // a chunk written on the event loop borrows nothing.
-                match unsafe { ((*out).write)(out, chunk.bytes.as_ptr(), chunk.bytes.len()) } {
-                    0 => abi::OK,
+                let written = unsafe {
+                    (*out)
+                        .write
+                        .map(|write| write(out, chunk.bytes.as_ptr(), chunk.bytes.len()))
+                };
+                match written {
+                    Some(0) => abi::OK,
                     _ => abi::ERROR,
                 }
             }
@@ -266,7 +275,8 @@ unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, 
         // SAFETY: log is the LogTo of State::new, alive for the state's
         // life; msg holds len bytes (the header's contract).
         let (to, msg) = unsafe { (&*log.cast::<LogTo>(), crate::ngx::shim::bytes(msg, len)) };
-        let level = level.clamp(abi::LOG_ERR, abi::LOG_DEBUG) as u32;
+        let level =
+            level.clamp(abi::NGX_TP_LOG_ERR as c_int, abi::NGX_TP_LOG_DEBUG as c_int) as u32;
         match to.log {
             Some(l) => l.write_parts(level, &[b"[native] ", msg, to.suffix.as_bytes()]),
             None => eprintln!("[native] {}{}", String::from_utf8_lossy(msg), to.suffix),

@@ -15,6 +15,7 @@ use crate::ngx::os;
 use crate::ngx::{guard, log, notify};
 use crate::pool::handler::{Handler, Spec};
 use crate::worker::stats::{PoolStats, Tally};
+use crate::worker::OVERLOADED;
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -155,16 +156,33 @@ pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
             for (i, bytes) in claim.zip(buffers.drain(..)) {
                 let (args, spans) = (job.args.part(i), &job.args.spans[..]);
                 handled += args.len() + job.args.borrowed_per_task();
-                if job.cancelled().is_cancelled() {
+                // A late task, started, would end after its caller stopped
+                // waiting: the thread serves the tasks behind it instead,
+                // and the caller, if it still waits, hears why at once.
+                let late = || {
+                    job.deadline
+                        .is_some_and(|deadline| stats.late(job.queued_at, deadline, now))
+                };
+                let skipped = if job.cancelled().is_cancelled() {
                     tally.cancelled += 1;
-                    debug(format_args!(
-                        "task {:#x}.{i} skipped: its caller gave up",
-                        job.task
-                    ));
+                    Some(("its caller gave up", false))
+                } else if late() {
+                    tally.expired += 1;
+                    Some(("its deadline is too close", true))
+                } else {
+                    None
+                };
+                if let Some((why, failed)) = skipped {
+                    debug(format_args!("task {:#x}.{i} skipped: {why}", job.task));
+                    let mut bytes = bytes;
+                    if failed {
+                        outcome::fail(&mut bytes, OVERLOADED);
+                    }
                     results.push((
                         i,
                         Payload {
                             bytes,
+                            failed,
                             ..Payload::default()
                         },
                     ));

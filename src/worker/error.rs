@@ -2,11 +2,20 @@
 
 use std::fmt;
 
+/// What a push with a deadline gets when the pool cannot be expected to
+/// finish it in time: at once, or from a thread that found its deadline
+/// too close to start it.
+pub const OVERLOADED: &str = "overloaded";
+
 #[derive(Debug)]
 pub enum WorkerError {
     /// The pool's queue holds `max_queue` tasks (the caller may run the
     /// work itself).
     QueueFull,
+    /// The pool cannot be expected to finish the push's tasks before
+    /// their deadline (the caller may shed the work or run a cheaper
+    /// fallback).
+    Overloaded,
     NoSuchPool,
     /// The worker is exiting, or every thread of the pool is gone.
     Stopped,
@@ -24,6 +33,7 @@ impl fmt::Display for WorkerError {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         match self {
             WorkerError::QueueFull => f.write_str("queue full"),
+            WorkerError::Overloaded => f.write_str(OVERLOADED),
             WorkerError::NoSuchPool => f.write_str("no such thread pool"),
             WorkerError::Stopped => f.write_str("thread pool is stopped"),
             WorkerError::TooManyTasks => f.write_str("too many tasks"),

@@ -14,7 +14,7 @@ pub mod start;
 pub mod stats;
 pub mod tasks;
 
-pub use error::WorkerError;
+pub use error::{WorkerError, OVERLOADED};
 use stats::PoolStats;
 
 use crate::handoff::job::{Job, TaskId, POSTED};
@@ -234,8 +234,24 @@ impl Worker {
         self.anchors
     }
 
+    /// Whether pool `pool` can be expected to finish `n` tasks pushed now
+    /// within `timeout`, their deadline: Overloaded, counted, if not. A
+    /// few loads and a comparison, before the push's arguments are even
+    /// encoded, so that a refusal costs the event loop next to nothing.
+    pub fn admit(&self, pool: usize, n: usize, timeout: Duration) -> Result<(), WorkerError> {
+        let stats = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?.stats;
+        let timeout_us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
+        if stats.admits(n as u64, timeout_us) {
+            return Ok(());
+        }
+        stats.overloaded.fetch_add(n as u64, Ordering::Relaxed);
+        Err(WorkerError::Overloaded)
+    }
+
     /// Queues the tasks of `args`, one per part, for pool `pool`, all or
-    /// none: QueueFull if they do not all fit. With a caller, it waits for
+    /// none: QueueFull if they do not all fit. With a `deadline` (the
+    /// time from now), a thread starts none of them once it is too close
+    /// (PoolStats::late). With a caller, it waits for
     /// them on the record whose id this returns (its semaphore is posted
     /// once all are done); without, they are posted tasks whose results
     /// nobody takes. With `stream`, the one task's handler sends chunks,
@@ -252,6 +268,7 @@ impl Worker {
         caller: Option<Caller>,
         args: Args,
         anchor: u64,
+        deadline: Option<Duration>,
         stream: Option<usize>,
     ) -> Result<TaskId, WorkerError> {
         if caller.is_none() {
@@ -283,7 +300,7 @@ impl Worker {
             }
             None => POSTED,
         };
-        let mut work = self.tasks.work(task, index, args);
+        let mut work = self.tasks.work(task, index, args, deadline);
         if let (Some(bound), Some(w)) = (stream, Arc::get_mut(&mut work)) {
             w.stream = Some(Stream::new(task, bound, self.ready.0.clone()));
             PoolStats::add(&pool.stats.streams);

@@ -9,7 +9,7 @@ use crate::ngx::shm::Zone;
 use crate::ngx::sys;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Upper bounds of the histograms' buckets, in microseconds: 10 µs to 10 s
 /// by powers of ten; the last bucket holds everything above.
@@ -86,6 +86,7 @@ pub struct Tally {
     pub completed: u64,
     pub errors: u64,
     pub cancelled: u64,
+    pub expired: u64,
     wait: LocalHistogram,
     run: LocalHistogram,
 }
@@ -103,9 +104,14 @@ impl Tally {
 
     /// Adds the counts to `stats` and starts again from 0.
     pub fn flush(&mut self, stats: &PoolStats) {
+        let ran = self.completed + self.errors;
+        if let Some(mean_us) = self.run.sum_us.checked_div(ran) {
+            stats.measured(mean_us, ran);
+        }
         move_count(&mut self.completed, &stats.completed);
         move_count(&mut self.errors, &stats.errors);
         move_count(&mut self.cancelled, &stats.cancelled);
+        move_count(&mut self.expired, &stats.expired);
         self.wait.add_to(&stats.wait);
         self.run.add_to(&stats.run);
     }
@@ -136,6 +142,12 @@ pub struct PoolStats {
     /// Tasks not run: their caller gave up (timed out, went away) before
     /// a thread took them.
     pub cancelled: AtomicU64,
+    /// Tasks not run: their deadline came too close while they waited
+    /// (see `late`).
+    pub expired: AtomicU64,
+    /// The recent run time of a task, in µs (0: none measured yet): a
+    /// moving average, each task weighing 1/8 (see `measured`).
+    pub run_estimate_us: AtomicU64,
     /// From push to a thread taking the task.
     pub wait: Histogram,
     /// The handler's run.
@@ -153,6 +165,9 @@ pub struct PoolStats {
     pub pushed: AtomicU64,
     /// Pushes refused because the queue was full.
     pub rejected: AtomicU64,
+    /// Pushes refused because the pool could not finish them before their
+    /// deadline (see `admits`).
+    pub overloaded: AtomicU64,
     /// Tasks whose caller stopped waiting (push_task's timeout).
     pub timed_out: AtomicU64,
     /// Tasks whose caller went away before they finished: its request
@@ -172,7 +187,7 @@ pub struct PoolStats {
 }
 
 /// Names of PoolStats' counters, in `write`'s order.
-pub const COUNTER_NAMES: [&str; 10] = [
+pub const COUNTER_NAMES: [&str; 12] = [
     "threads",
     "busy",
     "queued",
@@ -183,6 +198,8 @@ pub const COUNTER_NAMES: [&str; 10] = [
     "timed_out",
     "abandoned",
     "cancelled",
+    "overloaded",
+    "expired",
 ];
 
 /// Names of the shadow counters, in `write`'s order, after the histograms.
@@ -191,8 +208,14 @@ pub const SHADOW_NAMES: [&str; 3] = ["compared", "mismatched", "skipped"];
 /// Where the shadow counters start in `write`'s numbers.
 pub const SHADOW_AT: usize = COUNTER_NAMES.len() + 2 * (BUCKETS + 1);
 
-/// Names of the stream counters, in `write`'s order, after the shadow
-/// counters.
+/// Names of the estimates of deadline-aware admission, in µs, in
+/// `write`'s order, after the shadow counters.
+pub const ESTIMATE_NAMES: [&str; 2] = ["expected_wait", "run_estimate"];
+
+/// Where the estimates start in `write`'s numbers.
+pub const ESTIMATES_AT: usize = SHADOW_AT + SHADOW_NAMES.len();
+
+/// Names of the stream counters, in `write`'s order, after the estimates.
 pub const STREAM_NAMES: [&str; 6] = [
     "streams",
     "chunks_out",
@@ -203,7 +226,7 @@ pub const STREAM_NAMES: [&str; 6] = [
 ];
 
 /// Where the stream counters start in `write`'s numbers.
-pub const STREAM_AT: usize = SHADOW_AT + SHADOW_NAMES.len();
+pub const STREAM_AT: usize = ESTIMATES_AT + ESTIMATE_NAMES.len();
 
 /// How many numbers `PoolStats::write` produces.
 pub const STATS_LEN: usize = STREAM_AT + STREAM_NAMES.len();
@@ -215,6 +238,7 @@ impl PoolStats {
         let mut all = vec![&self.threads, &self.busy, &self.taken, &self.completed];
         all.extend([&self.errors, &self.cancelled, &self.admitted, &self.pushed]);
         all.extend([&self.rejected, &self.timed_out, &self.abandoned]);
+        all.extend([&self.overloaded, &self.expired, &self.run_estimate_us]);
         all.extend(self.shadow_counters());
         all.extend(self.stream_counters());
         for h in [&self.wait, &self.run] {
@@ -259,6 +283,61 @@ impl PoolStats {
         self.admitted.load(Relaxed).saturating_sub(taken)
     }
 
+    /// Adds a claim's `n` runs of `mean_us` each to the run estimate, each
+    /// weighing 1/8 (as TCP averages its round trips): it follows a change
+    /// of the run time within a few rounds of the threads, and one slow
+    /// task moves it by an eighth. Pool threads only; two claims ending
+    /// together may lose one's update, which the next corrects.
+    fn measured(&self, mean_us: u64, n: u64) {
+        let old = self.run_estimate_us.load(Relaxed);
+        let new = if old == 0 {
+            mean_us
+        } else {
+            let weight = n.min(8) as i64;
+            (old as i64 + (mean_us as i64 - old as i64) * weight / 8) as u64
+        };
+        // 0 means none measured
+        self.run_estimate_us.store(new.max(1), Relaxed);
+    }
+
+    /// The expected wait of the last of `n` tasks pushed now, in µs: the
+    /// tasks ahead of it (queued, running, and the push's own) beyond one
+    /// per thread, spread over the threads, each taking the run estimate.
+    /// A running task counts whole, which errs on the side of waiting.
+    fn expected_wait_us(&self, n: u64) -> u64 {
+        let threads = self.threads.load(Relaxed).max(1);
+        let ahead = self.queued() + self.busy.load(Relaxed) + n;
+        let estimate = self.run_estimate_us.load(Relaxed);
+        ahead.saturating_sub(threads).saturating_mul(estimate) / threads
+    }
+
+    /// Whether `n` tasks pushed now with `timeout_us` to their deadline
+    /// can be expected to finish before it: their wait and a run. Tasks
+    /// that find a thread free, and every push before a run time is
+    /// measured, are admitted: a pool that refused every push would never
+    /// measure again.
+    pub fn admits(&self, n: u64, timeout_us: u64) -> bool {
+        let estimate = self.run_estimate_us.load(Relaxed);
+        let wait = self.expected_wait_us(n);
+        estimate == 0 || wait == 0 || wait.saturating_add(estimate) <= timeout_us
+    }
+
+    /// Whether a thread should not start a task queued at `queued_at`
+    /// with `deadline` (pool threads, as it takes it): its deadline has
+    /// passed (its caller stops waiting, if it has not already), or, while
+    /// other tasks wait for a thread, the wait has made it late: it could
+    /// have finished in time had it started at once, by the run estimate,
+    /// and can no longer. Nobody waiting, the thread would idle: the task
+    /// runs, and may beat the estimate. One that could never finish in
+    /// time (a timeout shorter than the run time) runs as on an idle pool.
+    pub fn late(&self, queued_at: Instant, deadline: Instant, now: Instant) -> bool {
+        if now >= deadline {
+            return true;
+        }
+        let estimate = Duration::from_micros(self.run_estimate_us.load(Relaxed));
+        now + estimate > deadline && queued_at + estimate <= deadline && self.queued() > 0
+    }
+
     pub fn add(counter: &AtomicU64) {
         counter.fetch_add(1, Relaxed);
     }
@@ -288,8 +367,10 @@ impl PoolStats {
 
     /// The numbers in the order the shim reads them: threads, busy, queued,
     /// pushed, completed, errors, rejected, timed_out, abandoned, cancelled,
-    /// then the wait and run histograms (bucket counts, then the sum in
-    /// µs), then the shadow counters, then the stream counters.
+    /// overloaded, expired, then the wait and run histograms (bucket
+    /// counts, then the sum in µs), then the shadow counters, then the
+    /// expected wait of a task pushed now and the run estimate, in µs,
+    /// then the stream counters.
     pub fn write(&self, out: &mut Vec<u64>) {
         out.extend([
             self.threads.load(Relaxed),
@@ -304,12 +385,15 @@ impl PoolStats {
             &self.timed_out,
             &self.abandoned,
             &self.cancelled,
+            &self.overloaded,
+            &self.expired,
         ] {
             out.push(c.load(Relaxed));
         }
         self.wait.write(out);
         self.run.write(out);
         out.extend(self.shadow_counters().map(|c| c.load(Relaxed)));
+        out.extend([self.expected_wait_us(1), self.run_estimate_us.load(Relaxed)]);
         out.extend(self.stream_counters().map(|c| c.load(Relaxed)));
     }
 }
@@ -393,6 +477,50 @@ mod tests {
         let mut out = Vec::new();
         h.write(&mut out);
         assert_eq!(out, [1, 1, 0, 0, 0, 0, 0, 1, 60_000_021]);
+    }
+
+    /// The run estimate starts at the first measure, then moves by an
+    /// eighth per task; admission counts the tasks ahead beyond the
+    /// threads.
+    #[test]
+    fn estimates_and_admission() {
+        let s = PoolStats::default();
+        s.threads.store(2, Relaxed);
+        assert!(s.admits(100, 1), "nothing measured");
+        s.measured(80_000, 1);
+        assert_eq!(s.run_estimate_us.load(Relaxed), 80_000);
+        s.measured(160_000, 1);
+        assert_eq!(s.run_estimate_us.load(Relaxed), 90_000);
+        s.measured(90_000 + 8 * 1000, 20);
+        assert_eq!(s.run_estimate_us.load(Relaxed), 98_000);
+        s.run_estimate_us.store(100_000, Relaxed);
+        // two threads free: both start at once
+        assert!(s.admits(2, 1));
+        s.busy.store(2, Relaxed);
+        s.admitted.store(3, Relaxed);
+        // 3 queued, 2 running, and the push's one: the last waits 2 runs
+        assert_eq!(s.expected_wait_us(1), 200_000);
+        assert!(s.admits(1, 300_000));
+        assert!(!s.admits(1, 299_999));
+    }
+
+    /// A queued task is late once its deadline passed, or, with tasks
+    /// behind it, once it can no longer finish by its deadline though it
+    /// could have at its push; one that never could still runs.
+    #[test]
+    fn lateness() {
+        let s = PoolStats::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert!(!s.late(t0, t0 + ms(100), t0 + ms(99)), "nothing measured");
+        assert!(s.late(t0, t0 + ms(100), t0 + ms(100)), "passed");
+        s.run_estimate_us.store(30_000, Relaxed);
+        assert!(!s.late(t0, t0 + ms(100), t0 + ms(71)), "nothing behind");
+        s.admitted.store(1, Relaxed);
+        assert!(!s.late(t0, t0 + ms(100), t0 + ms(70)));
+        assert!(s.late(t0, t0 + ms(100), t0 + ms(71)));
+        assert!(!s.late(t0, t0 + ms(20), t0 + ms(10)), "never could");
+        assert!(s.late(t0, t0 + ms(20), t0 + ms(20)), "never could, passed");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 const NONE: u32 = u32::MAX;
 /// Generations stay below 2^20 so a handle is exact as a Lua number.
@@ -200,10 +201,18 @@ impl Tasks {
     }
 
     /// The push of the tasks of `args` for record `task` and pool `pool`,
-    /// its results written in spares (see `result_buffer`).
-    pub fn work(&mut self, task: TaskId, pool: usize, args: Args) -> Job {
+    /// with its deadline from now, its results written in spares (see
+    /// `result_buffer`).
+    pub fn work(
+        &mut self,
+        task: TaskId,
+        pool: usize,
+        args: Args,
+        deadline: Option<Duration>,
+    ) -> Job {
         let (spare, list) = (self.spare_works.pop(), self.spare_lists.pop());
-        Work::new(spare, task, pool, args, list.unwrap_or_default(), || {
+        let results = list.unwrap_or_default();
+        Work::new(spare, task, pool, args, results, deadline, || {
             self.result_buffer(pool)
         })
     }
@@ -671,7 +680,7 @@ mod tests {
             ..Args::default()
         };
         args.end_part();
-        let work = tasks.work(POSTED, 0, args);
+        let work = tasks.work(POSTED, 0, args, None);
         let mut buffers = Vec::new();
         work.result_buffers(0..1, &mut buffers);
         let mut bytes = buffers.pop().unwrap_or_default();

@@ -10,18 +10,25 @@
 //! for UTF-8, as Lua does not check it.
 
 use ngx_threadpool_handler::serde_bytes::{ByteBuf, Bytes};
-use ngx_threadpool_handler::{export, Error, Init, Task};
+use ngx_threadpool_handler::{export, Error, Handler, Init, Task};
 
-fn init(_: &Init) -> Result<(), String> {
-    Ok(())
-}
+/// No state: each task stands alone.
+struct Upper;
 
-fn process(_: &mut (), task: &Task) -> Result<ByteBuf, Error> {
-    let (name, s): (&str, &Bytes) = task.args()?;
-    if name != "upper" {
-        return Err(format!("no task {name:?}: only \"upper\"").into());
+impl Handler for Upper {
+    type Output<'t> = ByteBuf;
+
+    fn init(_: &Init) -> Result<Upper, Error> {
+        Ok(Upper)
     }
-    Ok(ByteBuf::from(s.to_ascii_uppercase()))
+
+    fn process<'t>(&mut self, task: &Task<'t>) -> Result<ByteBuf, Error> {
+        let (name, s): (&str, &Bytes) = task.args()?;
+        if name != "upper" {
+            return Err(format!("no task {name:?}: only \"upper\"").into());
+        }
+        Ok(ByteBuf::from(s.to_ascii_uppercase()))
+    }
 }
 
-export!(init, process);
+export!(Upper);

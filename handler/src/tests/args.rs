@@ -80,7 +80,7 @@ fn tables_nested_read_as_structs_maps_and_vecs() {
 }
 
 #[test]
-fn a_struct_reads_positional_arguments_and_enums_their_names() {
+fn a_tuple_struct_reads_positional_arguments_and_enums_their_names() {
     #[derive(Deserialize, Debug, PartialEq)]
     #[serde(rename_all = "lowercase")]
     enum Mode {
@@ -88,11 +88,7 @@ fn a_struct_reads_positional_arguments_and_enums_their_names() {
         Exact(u8),
     }
     #[derive(Deserialize, Debug, PartialEq)]
-    struct Args<'a> {
-        s: &'a str,
-        mode: Mode,
-        other: Mode,
-    }
+    struct Args<'a>(&'a str, Mode, Mode);
     let p = payload(&[
         Some(V::Bin(b"s")),
         Some(V::Bin(b"fast")),
@@ -100,8 +96,37 @@ fn a_struct_reads_positional_arguments_and_enums_their_names() {
     ]);
     with_task(&p, &[], |t| {
         let a: Args = t.args().unwrap();
-        assert_eq!(a.s, "s");
-        assert_eq!((a.mode, a.other), (Mode::Fast, Mode::Exact(3)));
+        assert_eq!(a, Args("s", Mode::Fast, Mode::Exact(3)));
+    });
+}
+
+#[test]
+fn a_struct_is_a_table_read_by_field_name_wherever_it_is() {
+    #[derive(Deserialize, Debug, PartialEq)]
+    struct Opts<'a> {
+        name: &'a str,
+        limit: u32,
+    }
+    let opts = V::Map(vec![
+        (V::Bin(b"limit"), V::Int(10)),
+        (V::Bin(b"name"), V::Bin(b"x")),
+    ]);
+    let want = || Opts {
+        name: "x",
+        limit: 10,
+    };
+    let p = payload(&[Some(opts.clone())]);
+    with_task(&p, &[], |t| {
+        assert_eq!(t.args::<Opts>().unwrap(), want());
+        assert_eq!(t.args::<(Opts,)>().unwrap(), (want(),));
+        assert_eq!(t.arg::<Opts>(1).unwrap(), want());
+    });
+    let extra = payload(&[Some(opts), Some(V::Int(1))]);
+    with_task(&extra, &[], |t| {
+        assert_eq!(
+            err_text(t.args::<Opts>()),
+            "bad argument #2: expected at most 1 argument, got number"
+        );
     });
 }
 

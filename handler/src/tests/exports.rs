@@ -1,10 +1,12 @@
 //! The generated exports, called as the module calls them: results and
 //! errors through `ngx_tp_out_t`, panics caught, log lines through
-//! `log_fn`, state kept per thread; and the constants of the header.
+//! `log_fn`, state kept per thread. (That the header's constants are the
+//! crate's, the module checks when it compiles: src/native/abi.rs.)
 
 use super::{bytes_of, payload, raw_task, with_task, Out, V};
-use crate::ffi::{self, ngx_tp_bytes_t, ngx_tp_init_t};
-use crate::{Init, Task, Values};
+use crate::ffi::{ngx_tp_bytes_t, ngx_tp_init_t};
+use crate::{Error, Handler, Init, Task, Values};
+use ngx_threadpool_wire::{level, status};
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::ptr;
@@ -24,41 +26,42 @@ impl Drop for State {
     }
 }
 
-fn init(init: &Init) -> Result<State, String> {
-    match init.config() {
-        Some("fail") => return Err(format!("cannot start {}", init.pool())),
-        Some("panic") => panic!("init panics"),
-        _ => {}
+impl Handler for State {
+    /// The argument, this state's calls, and whether the task was
+    /// cancelled.
+    type Output<'t> = Values<(&'t str, u64, bool)>;
+
+    fn init(init: &Init) -> Result<State, Error> {
+        match init.config() {
+            Some("fail") => return Err(format!("cannot start {}", init.pool()).into()),
+            Some("panic") => panic!("init panics"),
+            _ => {}
+        }
+        log::warn!("{} #{} {:?}", init.pool(), init.thread(), init.config());
+        Ok(State {
+            calls: 0,
+            panic_on_drop: init.config() == Some("panic in drop"),
+        })
     }
-    log::warn!("{} #{} {:?}", init.pool(), init.thread(), init.config());
-    Ok(State {
-        calls: 0,
-        panic_on_drop: init.config() == Some("panic in drop"),
-    })
-}
 
-/// The argument, this state's calls, and whether the task was cancelled.
-type Echo<'t> = Values<(&'t str, u64, bool)>;
-
-fn process<'t>(state: &mut State, task: &Task<'t>) -> Result<Echo<'t>, crate::Error> {
-    let s: &str = task.args()?;
-    state.calls += 1;
-    log::debug!("call {}", state.calls);
-    match s {
-        "panic" => panic!("asked to"),
-        "fail" => Err("asked to fail".into()),
-        "big" => Ok(Values(("x".repeat(64).leak(), state.calls, false))),
-        _ => Ok(Values((s, state.calls, task.cancelled()))),
+    fn process<'t>(&mut self, task: &Task<'t>) -> Result<Self::Output<'t>, Error> {
+        let s: &str = task.args()?;
+        self.calls += 1;
+        log::debug!("call {}", self.calls);
+        match s {
+            "panic" => panic!("asked to"),
+            "fail" => Err("asked to fail".into()),
+            "big" => Ok(Values(("x".repeat(64).leak(), self.calls, false))),
+            _ => Ok(Values((s, self.calls, task.cancelled()))),
+        }
     }
 }
 
 mod exported {
-    crate::export!(super::init, super::process);
+    crate::export!(super::State);
 }
 
-use exported::{
-    ngx_threadpool_abi_version, ngx_threadpool_free, ngx_threadpool_init, ngx_threadpool_process,
-};
+use exported::{ngx_threadpool_free, ngx_threadpool_init, ngx_threadpool_process};
 
 thread_local! {
     static LINES: RefCell<Vec<(c_int, String)>> = const { RefCell::new(Vec::new()) };
@@ -123,25 +126,22 @@ fn call(state: *mut c_void, arg: &'static str) -> (c_int, Vec<u8>) {
 #[test]
 fn a_state_serves_tasks_and_survives_panics() {
     let (rc, state, _) = start(Some("cfg"));
-    assert_eq!(rc, ffi::NGX_TP_OK);
-    assert_eq!(
-        lines(),
-        [(ffi::NGX_TP_LOG_WARN, r#"up #3 Some("cfg")"#.to_string())]
-    );
+    assert_eq!(rc, status::OK);
+    assert_eq!(lines(), [(level::WARN, r#"up #3 Some("cfg")"#.to_string())]);
 
     let (rc, out) = call(state, "abc");
-    assert_eq!(rc, ffi::NGX_TP_OK);
+    assert_eq!(rc, status::OK);
     with_task(&out, &[], |t| {
         assert_eq!(t.args::<(&str, u64, bool)>().unwrap(), ("abc", 1, false));
     });
-    assert_eq!(lines(), [(ffi::NGX_TP_LOG_DEBUG, "call 1".to_string())]);
+    assert_eq!(lines(), [(level::DEBUG, "call 1".to_string())]);
 
     let (rc, out) = call(state, "panic");
-    assert_eq!(rc, ffi::NGX_TP_ERROR);
+    assert_eq!(rc, status::ERROR);
     assert_eq!(error_text(&out), "panic: asked to");
 
     let (rc, out) = call(state, "fail");
-    assert_eq!(rc, ffi::NGX_TP_ERROR);
+    assert_eq!(rc, status::ERROR);
     assert_eq!(error_text(&out), "asked to fail");
 
     let (rc, out) = run(
@@ -150,7 +150,7 @@ fn a_state_serves_tasks_and_survives_panics() {
         &AtomicBool::new(false),
         usize::MAX,
     );
-    assert_eq!(rc, ffi::NGX_TP_ERROR);
+    assert_eq!(rc, status::ERROR);
     assert_eq!(
         error_text(&out),
         "bad argument #1: expected a borrowed string, got 1"
@@ -165,86 +165,44 @@ fn a_state_serves_tasks_and_survives_panics() {
         &cancelled,
         usize::MAX,
     );
-    assert_eq!(rc, ffi::NGX_TP_OK);
+    assert_eq!(rc, status::OK);
     with_task(&out, &[], |t| {
         assert_eq!(t.args::<(&str, u64, bool)>().unwrap(), ("c", 4, true));
     });
 
     // a result the module cannot take: an error instead, out not mixed
     let (rc, out) = run(state, &payload(&[Some(V::Str("big"))]), &cancelled, 60);
-    assert_eq!(rc, ffi::NGX_TP_ERROR);
+    assert_eq!(rc, status::ERROR);
     assert_eq!(error_text(&out), "results too large (or out of memory)");
 
     lines();
     // SAFETY: as the module calls it, once.
     unsafe { ngx_threadpool_free(state) };
-    assert_eq!(
-        lines(),
-        [(ffi::NGX_TP_LOG_INFO, "dropped after 5".to_string())]
-    );
+    assert_eq!(lines(), [(level::INFO, "dropped after 5".to_string())]);
 }
 
 #[test]
 fn init_errors_and_panics_are_the_error_payload() {
     let (rc, _, err) = start(Some("fail"));
-    assert_eq!(rc, ffi::NGX_TP_ERROR);
+    assert_eq!(rc, status::ERROR);
     assert_eq!(error_text(&err), "cannot start up");
     let (rc, _, err) = start(Some("panic"));
-    assert_eq!(rc, ffi::NGX_TP_ERROR);
+    assert_eq!(rc, status::ERROR);
     assert_eq!(error_text(&err), "panic: init panics");
 }
 
 #[test]
 fn a_panic_in_drop_is_logged() {
     let (rc, state, _) = start(Some("panic in drop"));
-    assert_eq!(rc, ffi::NGX_TP_OK);
+    assert_eq!(rc, status::OK);
     lines();
     // SAFETY: as the module calls it, once.
     unsafe { ngx_threadpool_free(state) };
     assert_eq!(
         lines(),
         [
-            (ffi::NGX_TP_LOG_INFO, "dropped after 0".to_string()),
-            (
-                ffi::NGX_TP_LOG_ERR,
-                "freeing the state: panic: in drop".to_string()
-            )
+            (level::INFO, "dropped after 0".to_string()),
+            (level::ERR, "freeing the state: panic: in drop".to_string())
         ]
     );
-}
-
-/// The header's `#define NAME VALUE` lines.
-fn header_defines() -> Vec<(&'static str, i64)> {
-    include_str!("../../include/ngx_threadpool.h")
-        .lines()
-        .filter_map(|l| {
-            let mut w = l.strip_prefix("#define ")?.split_whitespace();
-            Some((w.next()?, w.next()?.parse().ok()?))
-        })
-        .collect()
-}
-
-#[test]
-fn constants_are_the_headers() {
-    let defines = header_defines();
-    let ours: [(&str, i64); 8] = [
-        ("NGX_THREADPOOL_ABI_VERSION", crate::ABI_VERSION.into()),
-        ("NGX_TP_EXT_BORROWED", ffi::NGX_TP_EXT_BORROWED.into()),
-        ("NGX_TP_OK", ffi::NGX_TP_OK.into()),
-        ("NGX_TP_ERROR", ffi::NGX_TP_ERROR.into()),
-        ("NGX_TP_LOG_ERR", ffi::NGX_TP_LOG_ERR.into()),
-        ("NGX_TP_LOG_WARN", ffi::NGX_TP_LOG_WARN.into()),
-        ("NGX_TP_LOG_INFO", ffi::NGX_TP_LOG_INFO.into()),
-        ("NGX_TP_LOG_DEBUG", ffi::NGX_TP_LOG_DEBUG.into()),
-    ];
-    let exported = (
-        "NGX_THREADPOOL_ABI_VERSION",
-        ngx_threadpool_abi_version().into(),
-    );
-    for (name, value) in ours.into_iter().chain([exported]) {
-        assert!(
-            defines.contains(&(name, value)),
-            "{name} = {value}, the header has {defines:?}"
-        );
-    }
 }

@@ -86,11 +86,11 @@ unsafe extern "C" fn cancelled(task: *const ngx_tp_task_t) -> c_int {
 
 /// A task pushed otherwise than by push_stream.
 unsafe extern "C" fn no_stream_send(_: *const ngx_tp_task_t, _: *const u8, _: usize) -> c_int {
-    crate::ffi::NGX_TP_NO_STREAM
+    ngx_threadpool_wire::status::NO_STREAM
 }
 
 unsafe extern "C" fn no_stream_receive(_: *const ngx_tp_task_t, _: *mut ngx_tp_out_t) -> c_int {
-    crate::ffi::NGX_TP_NO_STREAM
+    ngx_threadpool_wire::status::NO_STREAM
 }
 
 /// A task as the module hands it over: `payload`, borrowing `spans`.

@@ -173,21 +173,21 @@ fn nested(levels: usize, variant: bool) -> Values<(u8, Nest)> {
 
 #[test]
 fn results_past_the_modules_limits_are_refused_in_the_lua_encoders_words() {
-    use crate::ffi::{NGX_TP_MAX_DEPTH, NGX_TP_MAX_VALUES};
+    use ngx_threadpool_wire::{MAX_DEPTH, MAX_VALUES};
     // as many values as a payload holds, then one more
-    let p = encode(&Values(vec![1u8; NGX_TP_MAX_VALUES]));
-    with_task(&p, &[], |t| assert_eq!(t.nargs(), NGX_TP_MAX_VALUES));
+    let p = encode(&Values(vec![1u8; MAX_VALUES]));
+    with_task(&p, &[], |t| assert_eq!(t.nargs(), MAX_VALUES));
     assert_eq!(
-        encode_err(&Values(vec![None::<u8>; NGX_TP_MAX_VALUES + 1])),
+        encode_err(&Values(vec![None::<u8>; MAX_VALUES + 1])),
         "too many return values (max 4096)"
     );
     // nesting: the deepest the module decodes, then one level more, an
     // enum variant's table counted as one
     for variant in [false, true] {
-        let p = encode(&nested(NGX_TP_MAX_DEPTH, variant));
+        let p = encode(&nested(MAX_DEPTH, variant));
         with_task(&p, &[], |t| assert_eq!(t.nargs(), 2));
         assert_eq!(
-            encode_err(&nested(NGX_TP_MAX_DEPTH + 1, variant)),
+            encode_err(&nested(MAX_DEPTH + 1, variant)),
             "cannot encode return value #2: table nested deeper than 100"
         );
     }

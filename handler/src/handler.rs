@@ -1,0 +1,85 @@
+//! The contract a handler library implements: the [`Handler`] trait.
+
+use crate::{Error, Init, IntoResults, Task};
+
+/// A native handler: the state of one pool thread, built on that thread by
+/// [`init`](Handler::init), which gets each of its tasks through
+/// [`process`](Handler::process). [`export!`](crate::export)`(Type)`
+/// makes an implementation the library's C exports.
+///
+/// * **One per thread.** `init` runs on each of the pool's threads, in
+///   each nginx worker, when the worker starts (and again after a reload),
+///   on the thread that will use the state; `process` runs that thread's
+///   tasks one at a time. The state never leaves its thread: it need not
+///   be `Send` or `Sync`, and needs no locks. It is dropped when the
+///   thread exits (worker exit, reload); a panic in its `Drop` is logged.
+/// * **Errors.** An `Err(e)` from `process` gives the task's caller
+///   `nil, e` (its `Display` text). An `Err(e)` from `init` makes the pool
+///   unusable on that thread: the error log says
+///   `thread pool "NAME" thread #N: e`, and the thread's tasks get
+///   `nil, 'thread pool "NAME" is not usable: e'`.
+/// * **Panics** are caught: a panic in `process` gives the caller
+///   `nil, "panic: <message>"`, and the thread keeps serving with the state
+///   as the panic left it; a panic in `init` is `init`'s error
+///   `panic: <message>` (so the tasks get
+///   `nil, 'thread pool "NAME" is not usable: panic: <message>'`).
+///
+/// ```
+/// use ngx_threadpool_handler::{export, Error, Handler, Init, Task};
+///
+/// struct Counter {
+///     tasks: u64,
+/// }
+///
+/// impl Handler for Counter {
+///     type Output<'t> = (&'t str, u64);
+///
+///     fn init(_: &Init) -> Result<Self, Error> {
+///         Ok(Counter { tasks: 0 })
+///     }
+///
+///     /// `push_task(s)` returns `{s, tasks}`: `s` borrowed, not copied.
+///     fn process<'t>(&mut self, task: &Task<'t>) -> Result<(&'t str, u64), Error> {
+///         let s: &str = task.args()?;
+///         self.tasks += 1;
+///         Ok((s, self.tasks))
+///     }
+/// }
+///
+/// export!(Counter);
+/// ```
+///
+/// A signature other than the trait's is the compiler's usual error on
+/// the `impl` (here E0053, "method `process` has an incompatible type for
+/// trait"):
+///
+/// ```compile_fail,E0053
+/// # use ngx_threadpool_handler::{Error, Handler, Init, Task};
+/// struct Counter;
+///
+/// impl Handler for Counter {
+///     type Output<'t> = String;
+///
+///     fn init(_: &Init) -> Result<Self, Error> {
+///         Ok(Counter)
+///     }
+///
+///     fn process<'t>(&mut self, task: &mut Task<'t>) -> Result<String, Error> {
+///         Ok(task.args()?)
+///     }
+/// }
+/// ```
+pub trait Handler: Sized {
+    /// What `process` returns in `Ok`: any [`Serialize`](serde::Serialize)
+    /// value is one result, [`Values`](crate::Values) several (see
+    /// [`IntoResults`]). It may borrow from the task's arguments (`'t`),
+    /// as `&'t str` read with [`Task::args`] does.
+    type Output<'t>: IntoResults;
+
+    /// Builds the state of the thread `init` describes (its pool, CONFIG
+    /// and index).
+    fn init(init: &Init) -> Result<Self, Error>;
+
+    /// Runs one task on this thread's state.
+    fn process<'t>(&mut self, task: &Task<'t>) -> Result<Self::Output<'t>, Error>;
+}
