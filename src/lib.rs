@@ -32,6 +32,25 @@
 //!   (configuration, logs, lua-nginx-module's API, the notify multiplexer,
 //!   the OS calls); it calls up only through callbacks registered with it.
 //!
+//! Where `unsafe` is: each file holding an `unsafe` block, fn, impl or
+//! extern block (`tests/layout.rs` counts them in the code and fails when
+//! this table and the code disagree). Every block carries a `// SAFETY:`
+//! comment with its own reason; the crate denies undocumented ones.
+//!
+//! | folder | files | what the `unsafe` is for |
+//! |---|---|---|
+//! | `ngx/` | `mod.rs` `accept.rs` `conf.rs` `dl.rs` `http.rs` `http_locations.rs` `log.rs` `lua.rs` `lua_api.rs` `lua_symbols.rs` `module.rs` `notify.rs` `os.rs` `pool.rs` `shim.rs` `shm.rs` `thread_pool.rs` | nginx's structures and calls, lua-nginx-module's API, dlsym, libc |
+//! | `lua/` | `mod.rs` `alloc.rs` `call.rs` `stack.rs` | the Lua C API below mlua's safe API |
+//! | (root) | `lib.rs` | the module record and the hooks nginx calls with raw pointers |
+//! | `conf/` | `mod.rs` | the setters nginx calls with its configuration; the main conf in a cycle |
+//! | `api/` | `functions.rs` `status.rs` | the shim's C functions on the caller's Lua stack; the status handler |
+//! | `worker/` | `mod.rs` `start.rs` `stats.rs` `tasks.rs` | task lists in a request's pool, init_process, counters in shared memory |
+//! | `handoff/` | `stream.rs` | the stream of the task a pool thread runs, which its handler's sends reach |
+//! | `pool/` | `compare.rs` `handler.rs` `shadow.rs` `thread.rs` | a task's borrowed bytes (spans), alive until its completion |
+//! | `vm/` | `cancel.rs` `mod.rs` `task.rs` | the protected calls' C functions on a thread's Lua state |
+//! | `native/` | `library.rs` `mod.rs` | the handler library's C functions |
+//! | `codec/` | `decode.rs` `encode.rs` `mod.rs` `value.rs` `wire.rs` `tests/errors.rs` `tests/mod.rs` `tests/speed.rs` `tests/values.rs` | values read from and written to a Lua stack; borrowed spans |
+//!
 //! One task's journey: `api/functions.rs` (push) → `worker/mod.rs` (queue)
 //! → `pool/thread.rs` → `pool/handler.rs` → `vm/` (decode, run, encode with
 //! `codec/`) or `native/` → `ngx/notify.rs` (wake) → `worker/tasks.rs`
@@ -238,16 +257,18 @@ unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int
             if conf.pools.is_empty() {
                 return sys::NGX_OK as sys::ngx_int_t;
             }
-            // SAFETY: as above.
+            // SAFETY: cf is the configuration nginx passed to this hook, used
+            // only during the call, as from_raw asks.
             conf.lua_vm = ngx::lua::MainVm::of(unsafe { ngx::conf::Conf::from_raw(cf) });
-            // SAFETY: as above.
+            // SAFETY: cf is the http configuration being parsed, in
+            // postconfiguration, where add() may add its shared zone.
             conf.status = unsafe { worker::stats::StatusTable::add(cf, conf.pools.len()) };
             if conf.status.is_none() {
                 return sys::NGX_ERROR as sys::ngx_int_t;
             }
-            // SAFETY: as above.
             if conf.gate.is_some() {
-                // SAFETY: as above.
+                // SAFETY: cf is the http configuration being parsed, in
+                // postconfiguration, where a log-phase handler may be added.
                 if !unsafe { ngx::accept::add_log_handler(cf) } {
                     return sys::NGX_ERROR as sys::ngx_int_t;
                 }
@@ -266,7 +287,8 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
         let Some(conf) = (unsafe { conf::main_conf(cycle) }) else {
             return sys::NGX_OK as sys::ngx_int_t;
         };
-        // SAFETY: as above; the http block is fully configured.
+        // SAFETY: nginx passes the configured cycle to init_module: its http
+        // block and location trees are built, as aio_users needs.
         let aio = unsafe { ngx::http_locations::aio_users(cycle) };
         match conf.resolve(&aio) {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,

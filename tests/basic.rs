@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{nginx_test, Nginx};
+use common::{nginx_test, Case, Nginx};
 use std::time::Duration;
 
 /// The example configuration of the brief.
@@ -12,10 +12,6 @@ const UPPER_MAIN: &str = "thread_pool upper_pool threads=1;";
 const UPPER_HTTP: &str = r#"
     thread_pool_init_by_lua upper_pool "ngx.log(ngx.INFO, 'thread up')";
     thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
-        ngx.say(assert(tp.upper_pool:push_task("foo")))
-    } } }
 "#;
 
 fn count(haystack: &str, needle: &str) -> usize {
@@ -49,15 +45,12 @@ fn line_of(text: &str, marker: &str) -> usize {
 
 #[test]
 fn brief_example_answers_foo() {
-    let n = Nginx::start(UPPER_MAIN, UPPER_HTTP);
-    let r = n.get("/");
-    assert_eq!((r.status, r.text().as_str()), (200, "FOO\n"));
-    let log = n.error_log();
-    assert!(
-        log.contains("[info]") && log.contains("thread up, thread pool: upper_pool"),
-        "{log}"
-    );
-    n.assert_clean_log();
+    Case::new(UPPER_MAIN)
+        .http(UPPER_HTTP)
+        .lua("/", r#"ngx.say(assert(tp.upper_pool:push_task("foo")))"#)
+        .get("/", 200, "FOO\n")
+        .log_line("[info]*thread up, thread pool: upper_pool")
+        .run();
 }
 
 /// The factory style from a file: its top level runs once per thread and
@@ -76,10 +69,7 @@ return function(path)
     return tid, count, path
 end
 "#;
-    let http = r#"
-    thread_pool_process_by_lua_file fpool conf/factory.lua;
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
+    let code = r#"
         local threads = {}
         for i = 1, 8 do
             threads[i] = ngx.thread.spawn(function()
@@ -90,14 +80,12 @@ end
             local _, tid, count, path = ngx.thread.wait(threads[i])
             ngx.say(tid, " ", count, " ", path)
         end
-    } } }
 "#;
-    let n = Nginx::start_with(
-        1,
-        "thread_pool fpool threads=2;",
-        http,
-        &[("factory.lua", chunk)],
-    );
+    let n = Case::new("thread_pool fpool threads=2;")
+        .http("thread_pool_process_by_lua_file fpool conf/factory.lua;")
+        .file("factory.lua", chunk)
+        .lua("/", code)
+        .start();
     let pid = worker(&n);
     let mut per_thread: std::collections::HashMap<u32, Vec<u32>> = Default::default();
     for round in 0..3 {
@@ -146,20 +134,13 @@ fn init_chunk_runs_once_per_thread() {
     let http = r#"
     thread_pool_init_by_lua ipool "ngx.log(ngx.NOTICE, 'init chunk ran') initialized = 'yes'";
     thread_pool_process_by_lua ipool "local _ = ... return initialized";
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
-        for i = 1, 6 do
-            ngx.say(tp.ipool:push_task())
-        end
-    } } }
 "#;
-    let n = Nginx::start("thread_pool ipool threads=3;", http);
-    let r = n.get("/");
-    assert_eq!(
-        r.text(),
-        "yes\n".repeat(6),
-        "the init chunk runs before the handler"
-    );
+    // the init chunk runs before the handler
+    let n = Case::new("thread_pool ipool threads=3;")
+        .http(http)
+        .lua("/", "for i = 1, 6 do ngx.say(tp.ipool:push_task()) end")
+        .get("/", 200, &"yes\n".repeat(6))
+        .run();
     let line = "init chunk ran, thread pool: ipool";
     assert!(common::eventually(Duration::from_secs(5), || count(
         &n.error_log(),
@@ -222,52 +203,41 @@ fn runtime_error_in_init_chunk_is_logged_and_tasks_fail() {
     let http = r#"
     thread_pool_init_by_lua badinit "error('init exploded')";
     thread_pool_process_by_lua badinit "return ...";
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
-        local res, err = tp.badinit:push_task("x")
-        ngx.say(tostring(res), " | ", tostring(err))
-    } } }
 "#;
-    let n = Nginx::start("thread_pool badinit threads=1;", http);
+    const LOGGED: &str = "[error]*thread pool \"badinit\"*init exploded";
+    let case = Case::new("thread_pool badinit threads=1;")
+        .http(http)
+        .lua(
+            "/",
+            r#"local res, err = tp.badinit:push_task("x")
+               ngx.say(tostring(res), " | ", tostring(err))"#,
+        )
+        .error_line(LOGGED);
+    let n = case.start();
     let pid = worker(&n);
     // Logged when the thread starts, before any task.
     assert!(common::eventually(Duration::from_secs(5), || {
         let log = n.error_log();
-        log.contains("[error]")
-            && log.contains("thread pool \"badinit\"")
-            && log.contains("init exploded")
+        log.lines().any(|l| common::matches(l, LOGGED))
     }));
-    for _ in 0..2 {
-        let t = n.get("/").text();
-        assert!(t.starts_with("nil | "), "{t}");
-        assert!(t.contains("badinit") && t.contains("init exploded"), "{t}");
-    }
+    case.get("/", 200, "nil | *badinit*init exploded*")
+        .get("/", 200, "nil | *badinit*init exploded*")
+        .check(&n);
     assert_eq!(n.workers(), vec![pid]);
-    n.assert_clean_log();
 }
 
 #[test]
 fn factory_chunk_returning_non_function_is_logged_and_tasks_fail() {
-    let http = r#"
-    thread_pool_process_by_lua nofunc "local t = {} return 42";
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
-        local res, err = tp.nofunc:push_task("x")
-        ngx.say(tostring(res), " | ", tostring(err))
-    } } }
-"#;
-    let n = Nginx::start("thread_pool nofunc threads=1;", http);
-    let t = n.get("/").text();
-    assert!(
-        t.starts_with("nil | ") && t.contains("nofunc") && t.contains("returned number"),
-        "{t}"
-    );
-    let log = n.error_log();
-    assert!(
-        log.contains("thread pool \"nofunc\"") && log.contains("instead of a function"),
-        "{log}"
-    );
-    n.assert_clean_log();
+    Case::new("thread_pool nofunc threads=1;")
+        .http(r#"thread_pool_process_by_lua nofunc "local t = {} return 42";"#)
+        .lua(
+            "/",
+            r#"local res, err = tp.nofunc:push_task("x")
+               ngx.say(tostring(res), " | ", tostring(err))"#,
+        )
+        .get("/", 200, "nil | *nofunc*returned number*")
+        .error_line("thread pool \"nofunc\"*instead of a function")
+        .run();
 }
 
 /// `require` in a thread finds Lua modules on lua_package_path and on
@@ -289,22 +259,20 @@ fn require_finds_lua_and_c_modules() {
         local cjson = require 'cjson'
         return mine.hello(...) .. require 'latemod', cjson.encode({{ a = {{ 1, 2 }} }})
     ";
-    server {{ listen 127.0.0.1:$PORT; location / {{ content_by_lua_block {{
-        local tp = require "resty.threadpool"
-        local res, err = tp.rpool:push_task("you")
-        ngx.say(res or err)
-        ngx.say(select(2, tp.rpool:push_task("you")))
-    }} }} }}
 "#,
         repo = common::repo().display()
     );
     let mymod = "return { hello = function(w) return 'hello ' .. w end }\n";
-    let n = Nginx::start_with(
-        1,
-        "thread_pool rpool threads=1;",
-        &http,
-        &[("mymod.lua", mymod)],
-    );
+    let case = Case::new("thread_pool rpool threads=1;")
+        .http(&http)
+        .file("mymod.lua", mymod)
+        .lua(
+            "/",
+            r#"local res, err = tp.rpool:push_task("you")
+               ngx.say(res or err)
+               ngx.say(select(2, tp.rpool:push_task("you")))"#,
+        );
+    let n = case.start();
     // found when the task requires them
     let conf = n.dir.join("conf");
     std::fs::create_dir(conf.join("lib")).unwrap();
@@ -316,8 +284,7 @@ fn require_finds_lua_and_c_modules() {
     std::os::unix::fs::symlink(cjson, conf.join("lib/cjson.so")).unwrap();
     std::fs::create_dir(conf.join("late")).unwrap();
     std::fs::write(conf.join("late/latemod.lua"), "return '!'\n").unwrap();
-    assert_eq!(n.get("/").text(), "hello you!\n{\"a\":[1,2]}\n");
-    n.assert_clean_log();
+    case.get("/", 200, "hello you!\n{\"a\":[1,2]}\n").check(&n);
 }
 
 #[test]
@@ -335,14 +302,15 @@ fn luajit_extensions_exist_in_threads() {
         return type(ffi.new), ffi.sizeof('int32_t'), bit.band(0xff, 0x0f),
                b, #t, type(jit), jit.version:match('^LuaJIT') or jit.version
     ";
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
-        ngx.say(table.concat({ assert(tp.xpool:push_task()) }, " "))
-    } } }
 "#;
-    let n = Nginx::start("thread_pool xpool threads=1;", http);
-    assert_eq!(n.get("/").text(), "function 4 15 a1 1 table LuaJIT\n");
-    n.assert_clean_log();
+    Case::new("thread_pool xpool threads=1;")
+        .http(http)
+        .lua(
+            "/",
+            r#"ngx.say(table.concat({ assert(tp.xpool:push_task()) }, " "))"#,
+        )
+        .get("/", 200, "function 4 15 a1 1 table LuaJIT\n")
+        .run();
 }
 
 #[test]
@@ -357,12 +325,13 @@ fn ngx_log_levels_and_filtering() {
         print('printed ', 1.5)
         return 'logged'
     ";
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
-        ngx.say(assert(tp.logpool:push_task()))
-    } } }
 "#;
-    let n = Nginx::start("thread_pool logpool threads=1;", http);
+    // The error lines at each level are what the test is about: the log is
+    // read below, not checked clean.
+    let n = Case::new("thread_pool logpool threads=1;")
+        .http(http)
+        .lua("/", "ngx.say(assert(tp.logpool:push_task()))")
+        .start();
     assert_eq!(n.get("/").text(), "logged\n");
     let log = n.error_log();
     for (level, tag) in [
@@ -397,19 +366,16 @@ fn ngx_log_levels_and_filtering() {
 
 #[test]
 fn unknown_pool_is_an_error_naming_it() {
-    let http = r#"
-    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
-    server { listen 127.0.0.1:$PORT; location / { content_by_lua_block {
-        local tp = require "resty.threadpool"
+    let code = r#"
         local ok, err = pcall(function() return tp.NOSUCH end)
         ngx.say(tostring(ok), " ", err)
         ngx.say(assert(tp.upper_pool:push_task("still works")))
-    } } }
 "#;
-    let n = Nginx::start(UPPER_MAIN, http);
-    let t = n.get("/").text();
-    assert!(t.starts_with("false ") && t.contains("\"NOSUCH\""), "{t}");
-    assert!(t.ends_with("STILL WORKS\n"), "{t}");
+    Case::new(UPPER_MAIN)
+        .http(r#"thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";"#)
+        .lua("/", code)
+        .get("/", 200, "false *\"NOSUCH\"*STILL WORKS\n")
+        .run();
 }
 
 /// Each worker has its own pool: 1 event-loop thread + N pool threads, and
@@ -461,24 +427,20 @@ fn each_worker_has_its_own_pool() {
 #[test]
 fn pool_without_handler_stays_nginx_own() {
     let data: String = (0..40_000).map(|i| format!("{i:07}\n")).collect(); // 320 KB
-    let http = r#"
-    thread_pool_process_by_lua lua_pool "return (...):upper()";
-    server {
-        listen 127.0.0.1:$PORT;
+    let files = r#"
         location /files/ {
             alias conf/;
             aio threads=io_pool;
             sendfile off;
             output_buffers 2 32k;
         }
-        location /lua { content_by_lua_block {
-            local tp = require "resty.threadpool"
-            ngx.say(assert(tp.lua_pool:push_task("lua")))
-        } }
-    }
 "#;
-    let main = "thread_pool io_pool threads=2;\nthread_pool lua_pool threads=1;";
-    let n = Nginx::start_with(1, main, http, &[("data.txt", &data)]);
+    let n = Case::new("thread_pool io_pool threads=2;\nthread_pool lua_pool threads=1;")
+        .http(r#"thread_pool_process_by_lua lua_pool "return (...):upper()";"#)
+        .server(files)
+        .lua("/lua", r#"ngx.say(assert(tp.lua_pool:push_task("lua")))"#)
+        .file("data.txt", &data)
+        .start();
     for _ in 0..3 {
         let r = n.get("/files/data.txt");
         assert_eq!(r.status, 200);

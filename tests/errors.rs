@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Nginx;
+use common::{Case, Nginx};
 
 /// A handler file whose errors carry its path and line numbers.
 const ERR_HANDLER: &str = r#"local tasks = 0
@@ -60,30 +60,26 @@ return function(op, arg)
 end
 "#;
 
-fn start(http_body: &str) -> Nginx {
-    let http = format!(
-        r#"
+/// The pools of these tests, with `code` the content of location /.
+fn case(code: &str) -> Case {
+    let http = r#"
     thread_pool_process_by_lua_file errpool conf/err.lua;
     thread_pool_process_by_lua_file slow conf/sleepy.lua;
     thread_pool_process_by_lua_file slow2 conf/sleepy.lua;
     thread_pool_process_by_lua_file qpool conf/sleepy.lua;
-    server {{
-        listen 127.0.0.1:$PORT;
-        location / {{ content_by_lua_block {{
-            local tp = require "resty.threadpool"
-            {http_body}
-        }} }}
-    }}
-"#
-    );
-    let main = "thread_pool errpool threads=1;\nthread_pool slow threads=1;\n\
-                thread_pool slow2 threads=1;\nthread_pool qpool threads=1 max_queue=1;";
-    Nginx::start_with(
-        1,
-        main,
-        &http,
-        &[("err.lua", ERR_HANDLER), ("sleepy.lua", SLEEPY_HANDLER)],
+"#;
+    Case::new(
+        "thread_pool errpool threads=1;\nthread_pool slow threads=1;\n\
+         thread_pool slow2 threads=1;\nthread_pool qpool threads=1 max_queue=1;",
     )
+    .http(http)
+    .file("err.lua", ERR_HANDLER)
+    .file("sleepy.lua", SLEEPY_HANDLER)
+    .lua("/", code)
+}
+
+fn start(code: &str) -> Nginx {
+    case(code).start()
 }
 
 /// Lines of a page, asserting the response is a 200.
@@ -227,7 +223,7 @@ fn timeout_returns_and_the_late_result_is_dropped_quietly() {
 /// requests too; push_task_timeout overrides it per call.
 #[test]
 fn set_timeout_is_per_pool() {
-    let n = start(
+    case(
         r#"
             if ngx.var.arg_set then
                 tp.slow:set_timeout(0.2)
@@ -241,13 +237,10 @@ fn set_timeout_is_per_pool() {
             ngx.say("slow2: ", select(2, ngx.thread.wait(th)))
             ngx.say("slow per call: ", tp.slow:push_task_timeout(5, "x"))
         "#,
-    );
-    assert_eq!(page(&n, "/?set=1"), ["set"]);
-    assert_eq!(
-        page(&n, "/"),
-        ["slow: timeout", "slow2: slept", "slow per call: x"]
-    );
-    n.assert_clean_log();
+    )
+    .get("/?set=1", 200, "set\n")
+    .get("/", 200, "slow: timeout\nslow2: slept\nslow per call: x\n")
+    .run();
 }
 
 #[test]

@@ -7,26 +7,14 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-const HTTP: &str = r#"
-    thread_pool_process_by_lua dbg "return (...)";
-    server {
-        listen 127.0.0.1:$PORT;
-        location / {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                ngx.print(tp.dbg:push_task("hello"))
-            }
-        }
-    }
-"#;
-
 #[test]
 fn lifecycle_notices_and_the_journey_in_the_debug_log() {
-    let mut ngx = Nginx::start(
-        "thread_pool dbg threads=2 max_queue=7;\nerror_log logs/debug.log debug;",
-        HTTP,
-    );
-    assert_eq!(ngx.get("/").text(), "hello");
+    let mut ngx =
+        Case::new("thread_pool dbg threads=2 max_queue=7;\nerror_log logs/debug.log debug;")
+            .http(r#"thread_pool_process_by_lua dbg "return (...)";"#)
+            .lua("/", r#"ngx.print(tp.dbg:push_task("hello"))"#)
+            .get("/", 200, "hello")
+            .run();
     assert!(ngx.quit(Duration::from_secs(10)), "nginx did not quit");
     let debug = std::fs::read_to_string(ngx.dir.join("logs/debug.log")).unwrap();
     for step in [
@@ -60,28 +48,20 @@ fn lifecycle_notices_and_the_journey_in_the_debug_log() {
 
 #[test]
 fn a_slow_task_gets_one_warn_line() {
-    let ngx = Nginx::start(
-        "thread_pool slow threads=1;",
-        r#"
+    let http = r#"
     thread_pool_slow_task_log slow 100ms;
     thread_pool_process_by_lua_block slow {
         local ffi = require "ffi"
         ffi.cdef "int usleep(unsigned int usec);"
         return function(s) ffi.C.usleep(s * 1e6) return s end
     }
-    server {
-        listen 127.0.0.1:$PORT;
-        location / {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                ngx.print(tp.slow:push_task(tonumber(ngx.var.arg_s)))
-            }
-        }
-    }
-"#,
-    );
-    assert_eq!(ngx.get("/?s=0.01").text(), "0.01");
-    assert_eq!(ngx.get("/?s=0.5").text(), "0.5");
+"#;
+    let ngx = Case::new("thread_pool slow threads=1;")
+        .http(http)
+        .lua("/", "ngx.print(tp.slow:push_task(tonumber(ngx.var.arg_s)))")
+        .get("/?s=0.01", 200, "0.01")
+        .get("/?s=0.5", 200, "0.5")
+        .run();
     let log = ngx.error_log();
     let warns: Vec<&str> = log
         .lines()

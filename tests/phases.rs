@@ -171,7 +171,7 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         }
     }
 "#;
-    let n = Nginx::start(MAIN, http);
+    let mut n = Nginx::start(MAIN, http);
     let t = n.get("/set").text();
     assert!(
         t.starts_with("false ") && t.contains("API disabled in the context of set"),
@@ -214,6 +214,11 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         "{log}"
     );
     assert_eq!(n.get("/works").text(), "OK\n");
+    // the refusals this test provokes, logged at level error
+    n.expect_errors(&[
+        "[error]*header_filter said: false ",
+        "[error]*failed to run log_by_lua*API disabled in the context of log",
+    ]);
     n.assert_clean_log();
 }
 

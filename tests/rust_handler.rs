@@ -260,7 +260,7 @@ fn an_init_error_or_panic_leaves_the_pool_unusable_with_its_text() {
 
 #[test]
 fn log_macros_write_at_their_levels_with_the_pool_name() {
-    let n = start_with("error_log logs/debug.log debug;", &rust_fixture().v1);
+    let mut n = start_with("error_log logs/debug.log debug;", &rust_fixture().v1);
     assert_eq!(run(&n, r#"return tostring(tp.r:push_task("log"))"#), "nil");
     let info = n.error_log();
     let debug = std::fs::read_to_string(n.dir.join("logs/debug.log")).unwrap();
@@ -282,6 +282,8 @@ fn log_macros_write_at_their_levels_with_the_pool_name() {
         let want = (shown_at != "debug").then_some(true);
         assert_eq!(found(&info), want, "{line} in the info log:\n{info}");
     }
+    // the handler's own line at level error
+    n.expect_errors(&["[error] *[native] log test error, thread pool: r"]);
     n.assert_clean_log();
 }
 

@@ -9,7 +9,9 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-const HTTP: &str = r#"
+/// The pool of these tests, declared by `main`, and its pages.
+fn start(main: &str) -> Nginx {
+    let handler = r#"
     thread_pool_process_by_lua_block st {
         local ffi = require "ffi"
         ffi.cdef "int usleep(unsigned int usec);"
@@ -22,94 +24,79 @@ const HTTP: &str = r#"
             return op
         end
     }
-    server {
-        listen 127.0.0.1:$PORT;
-        location /run {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                ngx.print(tostring(tp.st:push_task(ngx.var.arg_op)))
-            }
-        }
-        location /timeout {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                ngx.print(select(2, tp.st:push_task_timeout(0.05, "sleep", 0.3)))
-            }
-        }
-        location /reject {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local a = ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.3) end)
-                -- the thread takes a: the queue's one slot is free
-                for _ = 1, 10000 do
-                    if tp.st:stats().busy > 0 then break end
-                    ngx.sleep(0.001)
-                end
-                local b = ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.01) end)
-                local _, err = tp.st:push_task("ok")
-                ngx.thread.wait(a)
-                ngx.thread.wait(b)
-                ngx.print(err)
-            }
-        }
-        location /batch {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local res = assert(tp.st:push_tasks({ { "sleep", 0.2 }, { "ok" } }))
-                ngx.print(res[2][2])
-            }
-        }
-        location /abandon {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.2) end)
-                ngx.sleep(0.01)
-                ngx.exit(200)
-            }
-        }
-        location /idle {
-            content_by_lua_block {
-                local s = require("resty.threadpool").st:stats()
-                ngx.print(s.busy + s.queued == 0)
-            }
-        }
-        location /json {
-            content_by_lua_block {
-                local cjson = require "cjson"
-                local tp = require "resty.threadpool"
-                local ok, json = pcall(cjson.encode, assert(tp.st:stats()))
-                if not ok then
-                    return ngx.print(json)
-                end
-                local s = cjson.decode(json)
-                local last = s.run.buckets[#s.run.buckets]
-                ngx.print(#s.run.buckets, " ", s.wait.buckets[1].le, " ", last.le, " ",
-                          tonumber(last.le) == math.huge, " ", s.pushed)
-            }
-        }
-        location /stats {
-            content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local s = assert(tp.st:stats())
-                local out = {}
-                for _, k in ipairs({ "threads", "busy", "queued", "in_flight", "pushed",
-                                     "completed", "errors", "rejected", "timed_out",
-                                     "abandoned", "cancelled", "expired" }) do
-                    out[#out + 1] = k .. "=" .. s[k]
-                end
-                for _, h in ipairs({ "wait", "run" }) do
-                    out[#out + 1] = h .. ".count=" .. s[h].count
-                    local le = 0 -- up to 0.1 s (the fifth bucket's bound)
-                    for i = 1, 5 do le = le + s[h].buckets[i].count end
-                    out[#out + 1] = h .. ".le0.1=" .. le
-                    out[#out + 1] = h .. ".gt0.1=" .. s[h].count - le
-                    out[#out + 1] = h .. ".sum=" .. s[h].sum
-                end
-                ngx.print(table.concat(out, " "))
-            }
-        }
-    }
 "#;
+    let reject = r#"
+        local a = ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.3) end)
+        -- the thread takes a: the queue's one slot is free
+        for _ = 1, 10000 do
+            if tp.st:stats().busy > 0 then break end
+            ngx.sleep(0.001)
+        end
+        local b = ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.01) end)
+        local _, err = tp.st:push_task("ok")
+        ngx.thread.wait(a)
+        ngx.thread.wait(b)
+        ngx.print(err)
+"#;
+    let abandon = r#"
+        ngx.thread.spawn(function() return tp.st:push_task("sleep", 0.2) end)
+        ngx.sleep(0.01)
+        ngx.exit(200)
+"#;
+    let json = r#"
+        local cjson = require "cjson"
+        local ok, json = pcall(cjson.encode, assert(tp.st:stats()))
+        if not ok then
+            return ngx.print(json)
+        end
+        local s = cjson.decode(json)
+        local last = s.run.buckets[#s.run.buckets]
+        ngx.print(#s.run.buckets, " ", s.wait.buckets[1].le, " ", last.le, " ",
+                  tonumber(last.le) == math.huge, " ", s.pushed)
+"#;
+    let stats = r#"
+        local s = assert(tp.st:stats())
+        local out = {}
+        for _, k in ipairs({ "threads", "busy", "queued", "in_flight", "pushed",
+                             "completed", "errors", "rejected", "timed_out",
+                             "abandoned", "cancelled", "expired" }) do
+            out[#out + 1] = k .. "=" .. s[k]
+        end
+        for _, h in ipairs({ "wait", "run" }) do
+            out[#out + 1] = h .. ".count=" .. s[h].count
+            local le = 0 -- up to 0.1 s (the fifth bucket's bound)
+            for i = 1, 5 do le = le + s[h].buckets[i].count end
+            out[#out + 1] = h .. ".le0.1=" .. le
+            out[#out + 1] = h .. ".gt0.1=" .. s[h].count - le
+            out[#out + 1] = h .. ".sum=" .. s[h].sum
+        end
+        ngx.print(table.concat(out, " "))
+"#;
+    Case::new(main)
+        .http(handler)
+        .lua(
+            "/run",
+            "ngx.print(tostring(tp.st:push_task(ngx.var.arg_op)))",
+        )
+        .lua(
+            "/timeout",
+            r#"ngx.print(select(2, tp.st:push_task_timeout(0.05, "sleep", 0.3)))"#,
+        )
+        .lua("/reject", reject)
+        .lua(
+            "/batch",
+            r#"local res = assert(tp.st:push_tasks({ { "sleep", 0.2 }, { "ok" } }))
+               ngx.print(res[2][2])"#,
+        )
+        .lua("/abandon", abandon)
+        .lua(
+            "/idle",
+            "local s = tp.st:stats() ngx.print(s.busy + s.queued == 0)",
+        )
+        .lua("/json", json)
+        .lua("/stats", stats)
+        .start()
+}
 
 /// The fields of /stats by name.
 fn stats(ngx: &Nginx) -> std::collections::HashMap<String, f64> {
@@ -135,7 +122,7 @@ fn idle(ngx: &Nginx) {
 
 #[test]
 fn counters_after_a_known_workload() {
-    let ngx = Nginx::start("thread_pool st threads=1 max_queue=1;", HTTP);
+    let ngx = start("thread_pool st threads=1 max_queue=1;");
     for _ in 0..5 {
         assert_eq!(ngx.get("/run?op=ok").text(), "ok");
     }
@@ -186,7 +173,7 @@ fn counters_after_a_known_workload() {
 /// is "+Inf", which tonumber() reads as math.huge.
 #[test]
 fn stats_encode_as_json() {
-    let ngx = Nginx::start("thread_pool st threads=1;", HTTP);
+    let ngx = start("thread_pool st threads=1;");
     assert_eq!(ngx.get("/run?op=ok").text(), "ok");
     assert_eq!(ngx.get("/json").text(), "8 1e-05 +Inf true 1");
     ngx.assert_clean_log();
@@ -196,7 +183,7 @@ fn stats_encode_as_json() {
 /// first (0.2 s, or more on a busy machine), and says so in `wait`.
 #[test]
 fn a_batch_task_waits_for_the_tasks_before_it() {
-    let ngx = Nginx::start("thread_pool st threads=1;", HTTP);
+    let ngx = start("thread_pool st threads=1;");
     assert_eq!(ngx.get("/batch").text(), "ok");
     let s = stats(&ngx);
     for (k, want) in [("wait.count", 2.0), ("run.count", 2.0)] {

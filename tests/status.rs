@@ -205,14 +205,8 @@ fn every_worker_and_pool_in_prometheus_text() {
 
 #[test]
 fn without_pools_an_empty_exposition() {
-    let ngx = Nginx::start(
-        "",
-        r#"server {
-            listen 127.0.0.1:$PORT;
-            location = /metrics { thread_pool_status; }
-        }"#,
-    );
-    let r = ngx.get("/metrics");
-    assert_eq!((r.status, r.text()), (200, String::new()));
-    ngx.assert_clean_log();
+    Case::new("")
+        .server("location = /metrics { thread_pool_status; }")
+        .get("/metrics", 200, "")
+        .run();
 }

@@ -60,11 +60,9 @@ fn bit(sig: u32) -> u64 {
 
 #[test]
 fn pool_threads_block_async_signals_and_run_at_lower_priority() {
-    let ngx = Nginx::start(
-        "thread_pool sig threads=2;",
-        r#"thread_pool_process_by_lua sig "return ...";
-        server { listen 127.0.0.1:$PORT; location / { return 200; } }"#,
-    );
+    let ngx = Case::new("thread_pool sig threads=2;")
+        .http(r#"thread_pool_process_by_lua sig "return ...";"#)
+        .start();
     let worker = ngx.workers()[0];
     let main = std::path::PathBuf::from(format!("/proc/{worker}/task/{worker}"));
     let (hup, quit, usr1, term, chld, alrm, io) = (1, 3, 10, 15, 17, 14, 29);
@@ -104,16 +102,17 @@ fn pool_threads_block_async_signals_and_run_at_lower_priority() {
 
 #[test]
 fn thread_pool_scheduling_sets_policy_and_nice() {
-    let ngx = Nginx::start(
-        "thread_pool b threads=1;\nthread_pool i threads=1;\nthread_pool n threads=1;",
-        r#"thread_pool_process_by_lua b "return ...";
+    let ngx =
+        Case::new("thread_pool b threads=1;\nthread_pool i threads=1;\nthread_pool n threads=1;")
+            .http(
+                r#"thread_pool_process_by_lua b "return ...";
         thread_pool_process_by_lua i "return ...";
         thread_pool_process_by_lua n "return ...";
         thread_pool_scheduling b batch nice=2;
         thread_pool_scheduling i idle;
-        thread_pool_scheduling n normal nice=0;
-        server { listen 127.0.0.1:$PORT; location / { return 200; } }"#,
-    );
+        thread_pool_scheduling n normal nice=0;"#,
+            )
+            .start();
     let worker = ngx.workers()[0];
     let main = std::path::PathBuf::from(format!("/proc/{worker}/task/{worker}"));
     let want = [("b", 3, 2), ("i", 5, 5), ("n", 0, 0)];
@@ -164,28 +163,17 @@ fn abandoned_task_records_are_reclaimed() {
     // every task is abandoned in flight and its completion frees it. If
     // completions did not free abandoned records, every task would keep a
     // record and a semaphore: ~100,000 records here, tens of MiB.
-    let ngx = Nginx::start(
-        "thread_pool ab threads=1;",
-        r#"thread_pool_process_by_lua ab "return ...";
-        server {
-            listen 127.0.0.1:$PORT;
-            location /abandon {
-                content_by_lua_block {
-                    local tp = require "resty.threadpool"
-                    for i = 1, 500 do
-                        ngx.thread.spawn(function() return tp.ab:push_task(i) end)
-                    end
-                    ngx.exit(200)
-                }
-            }
-            location /ping {
-                content_by_lua_block {
-                    local tp = require "resty.threadpool"
-                    ngx.print(tp.ab:push_task("pong"))
-                }
-            }
-        }"#,
-    );
+    let abandon = r#"
+        for i = 1, 500 do
+            ngx.thread.spawn(function() return tp.ab:push_task(i) end)
+        end
+        ngx.exit(200)
+"#;
+    let ngx = Case::new("thread_pool ab threads=1;")
+        .http(r#"thread_pool_process_by_lua ab "return ...";"#)
+        .lua("/abandon", abandon)
+        .lua("/ping", r#"ngx.print(tp.ab:push_task("pong"))"#)
+        .start();
     let worker = ngx.workers()[0];
     // The ping queues behind the abandoned tasks: once it answers, they
     // have all completed, so at most ~500 records are ever in use at once
@@ -209,34 +197,23 @@ fn abandoned_task_records_are_reclaimed() {
 
 #[test]
 fn memory_goes_back_after_large_payloads() {
-    let ngx = Nginx::start(
-        "thread_pool big threads=2;",
-        r#"thread_pool_process_by_lua big "return (...)";
-        server {
-            listen 127.0.0.1:$PORT;
-            location /small {
-                content_by_lua_block {
-                    local tp = require "resty.threadpool"
-                    ngx.print(tp.big:push_task("small"))
-                }
-            }
-            location /echo {
-                content_by_lua_block {
-                    local tp = require "resty.threadpool"
-                    local s = string.rep("x", 15 * 1024 * 1024)
-                    local function echo() return tp.big:push_task(s) end
-                    local a = ngx.thread.spawn(echo)
-                    local b = ngx.thread.spawn(echo)
-                    local _, ra = ngx.thread.wait(a)
-                    local _, rb = ngx.thread.wait(b)
-                    ngx.print(#ra, " ", #rb)
-                    -- the event loop's own garbage is not the module's
-                    s, ra, rb = nil, nil, nil
-                    collectgarbage()
-                }
-            }
-        }"#,
-    );
+    let echo = r#"
+        local s = string.rep("x", 15 * 1024 * 1024)
+        local function echo() return tp.big:push_task(s) end
+        local a = ngx.thread.spawn(echo)
+        local b = ngx.thread.spawn(echo)
+        local _, ra = ngx.thread.wait(a)
+        local _, rb = ngx.thread.wait(b)
+        ngx.print(#ra, " ", #rb)
+        -- the event loop's own garbage is not the module's
+        s, ra, rb = nil, nil, nil
+        collectgarbage()
+"#;
+    let ngx = Case::new("thread_pool big threads=2;")
+        .http(r#"thread_pool_process_by_lua big "return (...)";"#)
+        .lua("/small", r#"ngx.print(tp.big:push_task("small"))"#)
+        .lua("/echo", echo)
+        .start();
     let worker = ngx.workers()[0];
     assert_eq!(ngx.get("/small").text(), "small");
     let before = rss_kib(worker);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::Nginx;
+use common::{Case, Nginx};
 
 const MAIN: &str = "thread_pool inspect threads=1;\n\
                     thread_pool echo threads=1;\n\
@@ -49,23 +49,16 @@ fn start() -> Nginx {
     thread_pool_process_by_lua inspect "return require('describe')(...)";
     thread_pool_process_by_lua echo "return ...";
     thread_pool_process_by_lua_file ret conf/ret.lua;
-    server {{
-        listen 127.0.0.1:$PORT;
-        location / {{ content_by_lua_file conf/values.lua; }}
-    }}
 "#,
         repo = common::repo().display()
     );
-    Nginx::start_with(
-        1,
-        MAIN,
-        &http,
-        &[
-            ("describe.lua", include_str!("fixtures/describe.lua")),
-            ("values.lua", include_str!("fixtures/values.lua")),
-            ("ret.lua", RET),
-        ],
-    )
+    Case::new(MAIN)
+        .http(&http)
+        .server("location / { content_by_lua_file conf/values.lua; }")
+        .file("describe.lua", include_str!("fixtures/describe.lua"))
+        .file("values.lua", include_str!("fixtures/values.lua"))
+        .file("ret.lua", RET)
+        .start()
 }
 
 /// Runs one page of checks and asserts it said "ok"; the worker must be the

@@ -20,7 +20,8 @@ impl<'a> Init<'a> {
     /// `config`, unless its data is null, must be valid for `'a`.
     pub(crate) unsafe fn new(pool: &'a [u8], config: ngx_tp_bytes_t, thread: c_uint) -> Init<'a> {
         let config = (!config.data.is_null()).then(|| {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: config's data is non-null (checked just above) and valid
+            // for 'a (the contract).
             String::from_utf8_lossy(unsafe { ffi::bytes(config) })
         });
         Init {

@@ -110,7 +110,8 @@ impl<'t> Task<'t> {
     /// # Safety
     /// `raw`'s payload and spans must stay alive and unchanged for `'t`.
     pub(crate) unsafe fn new(raw: &'t ngx_tp_task_t) -> Result<Task<'t>, ArgError> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: raw's payload stays alive and unchanged for 't (the
+        // contract), as long as the slice borrows it.
         let payload = unsafe { ffi::bytes(raw.args) };
         let spans = if raw.nspans == 0 {
             &[][..]

@@ -118,7 +118,9 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
 /// # Safety
 /// Called from one of the functions above, on its stack.
 unsafe fn refused(l: *mut lua_State, code: c_int, msg: &str) -> c_int {
-    // SAFETY: forwarded; the string push may raise, with nothing queued.
+    // SAFETY: l is the running state of a function Lua called (the contract),
+    // whose stack has LUA_MINSTACK free slots for the two values; the string
+    // push may raise, with nothing queued.
     unsafe {
         lua::lua_pushinteger(l, code as lua::lua_Integer);
         lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
@@ -134,8 +136,9 @@ unsafe fn refused(l: *mut lua_State, code: c_int, msg: &str) -> c_int {
 /// # Safety
 /// Called by one of the functions above on its stack, owning nothing yet.
 unsafe fn bad_argument(l: *mut lua_State, i: c_int, f: &CStr, msg: &CStr) -> ! {
-    // SAFETY: forwarded; the error unwinds through the caller's frames,
-    // which hold nothing to drop, to the calling Lua code.
+    // SAFETY: l is the running state of a function Lua called, owning nothing
+    // (the contract): lua_error unwinds through frames that hold nothing to
+    // drop, to the calling Lua code; the message's pieces are C strings.
     unsafe {
         lua::lua_pushfstring(
             l,
@@ -154,7 +157,10 @@ unsafe fn bad_argument(l: *mut lua_State, i: c_int, f: &CStr, msg: &CStr) -> ! {
 /// # Safety
 /// As bad_argument.
 unsafe fn check_type(l: *mut lua_State, i: c_int, f: &CStr, t: c_int) {
-    // SAFETY: forwarded; type names are static strings.
+    // SAFETY: l is the running state of a function Lua called, owning nothing
+    // (bad_argument's contract), and `i` one of its slots; type names are
+    // static strings, and the message stays on the stack while bad_argument
+    // reads it.
     unsafe {
         let got = lua::lua_type(l, i);
         if got != t {
@@ -176,7 +182,9 @@ unsafe fn check_type(l: *mut lua_State, i: c_int, f: &CStr, t: c_int) {
 /// # Safety
 /// As bad_argument.
 unsafe fn int_arg(l: *mut lua_State, i: c_int, f: &CStr, range: (f64, f64), msg: &CStr) -> i64 {
-    // SAFETY: forwarded.
+    // SAFETY: l is the running state of a function Lua called, owning nothing
+    // (bad_argument's contract), as check_type and bad_argument need; reading
+    // a number neither allocates nor raises.
     unsafe {
         check_type(l, i, f, lua::LUA_TNUMBER);
         let n = lua::lua_tonumber(l, i);
@@ -194,7 +202,8 @@ unsafe fn int_arg(l: *mut lua_State, i: c_int, f: &CStr, range: (f64, f64), msg:
 /// As bad_argument.
 unsafe fn pool_arg(l: *mut lua_State, i: c_int, f: &CStr) -> usize {
     let last = crate::conf::running_pools().len() as f64 - 1.0;
-    // SAFETY: forwarded.
+    // SAFETY: l is the running state of a function Lua called, owning nothing
+    // (this function's contract), as int_arg needs.
     unsafe { int_arg(l, i, f, (0.0, last), c"no such thread pool") as usize }
 }
 
@@ -204,7 +213,8 @@ unsafe fn pool_arg(l: *mut lua_State, i: c_int, f: &CStr) -> usize {
 /// As bad_argument.
 unsafe fn ms_arg(l: *mut lua_State, i: c_int, f: &CStr) -> c_int {
     let range = (1.0, f64::from(c_int::MAX));
-    // SAFETY: forwarded.
+    // SAFETY: l is the running state of a function Lua called, owning nothing
+    // (this function's contract), as int_arg needs.
     unsafe { int_arg(l, i, f, range, c"timeout out of range: 1 to 2147483647 ms") as c_int }
 }
 
@@ -217,7 +227,8 @@ unsafe fn ms_arg(l: *mut lua_State, i: c_int, f: &CStr) -> c_int {
 /// # Safety
 /// As refused.
 unsafe fn lender(l: *mut lua_State) -> Option<&'static MainConf> {
-    // SAFETY: forwarded: l is the running coroutine.
+    // SAFETY: l is the running coroutine, a live state on this thread (the
+    // contract), which is what runs() needs to compare it with the main VM.
     crate::conf::running().filter(|c| c.lua_vm.is_some_and(|vm| unsafe { vm.runs(l) }))
 }
 
@@ -226,7 +237,8 @@ unsafe fn lender(l: *mut lua_State) -> Option<&'static MainConf> {
 /// # Safety
 /// As refused.
 unsafe fn borrow_of(l: *mut lua_State, pool: usize) -> Option<Borrow> {
-    // SAFETY: forwarded.
+    // SAFETY: l is the running coroutine on the event loop (this function's
+    // contract), as lender needs.
     let min = unsafe { lender(l) }?.pools.get(pool)?.settings.zero_copy?;
     Some(Borrow { min, nested: true })
 }
@@ -260,9 +272,10 @@ unsafe fn anchor(
     };
     let key = with_worker(|w| w.anchor_key())?;
     let end = spans.len() as c_int + 1;
-    // SAFETY: forwarded; the table has room for every borrowed string in
-    // its array part (codec::anchor's contract). The allocations and the
-    // stack's growth may raise, before anything is queued.
+    // SAFETY: l is the running state of push or push_batch, holding `values`
+    // (the contract), and ANCHORS is its upvalue; the table has room for every
+    // borrowed string in its array part (codec::anchor's contract). The
+    // allocations and the stack's growth may raise, before anything is queued.
     unsafe {
         lua::lua_createtable(l, spans.len() as c_int, 0);
         let table = lua::lua_gettop(l);
@@ -306,8 +319,9 @@ unsafe fn anchor(
 /// As refused, with the table's array part holding `spans.len()` slots.
 unsafe fn holds(l: *mut lua_State, table: c_int, spans: &[Span]) -> bool {
     spans.iter().zip(1..).all(|(span, i)| {
-        // SAFETY: forwarded; reading an array slot and a string's bytes
-        // neither allocates nor raises (a non-string gives null).
+        // SAFETY: l is the running state and `table` a table on its stack (the
+        // contract); reading an array slot and a string's bytes neither
+        // allocates nor raises (a non-string gives null).
         unsafe {
             lua::lua_rawgeti_(l, table, i);
             let mut len = 0;
@@ -323,8 +337,9 @@ unsafe fn holds(l: *mut lua_State, table: c_int, spans: &[Span]) -> bool {
 /// # Safety
 /// As refused.
 unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
-    // SAFETY: forwarded; setting an existing key to nil neither allocates
-    // nor raises.
+    // SAFETY: l is the running state of a function of this module's table,
+    // whose upvalue ANCHORS is the anchor table; setting an existing key to
+    // nil neither allocates nor raises.
     unsafe {
         for &key in keys {
             lua::lua_pushnumber(l, key as f64);
@@ -394,7 +409,9 @@ unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
         .ok()
         .flatten()
         .unwrap_or_default();
-    // SAFETY: on the caller's stack.
+    // SAFETY: l is reap's running state, called by Lua on the event loop,
+    // whose upvalue ANCHORS holds the keys' anchors; their tasks ended, so no
+    // thread reads the strings.
     unsafe { unanchor(l, &keys) };
     0
 }
@@ -532,7 +549,9 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
 /// # Safety
 /// As bad_argument.
 unsafe fn deadline_arg(l: *mut lua_State, i: c_int, f: &CStr, ms: c_int) -> Option<Duration> {
-    // SAFETY: forwarded.
+    // SAFETY: l is the running state of a function Lua called, owning nothing
+    // (bad_argument's contract), as check_type needs; reading a boolean
+    // neither allocates nor raises.
     unsafe {
         check_type(l, i, f, lua::LUA_TBOOLEAN);
         (lua::lua_toboolean(l, i) != 0).then(|| Duration::from_millis(ms as u64))
@@ -584,7 +603,10 @@ unsafe fn queue(
     values: Values,
     borrow: Option<Borrow>,
 ) -> c_int {
-    // SAFETY: forwarded.
+    // SAFETY: l is the running state of push or push_batch, on the event loop,
+    // with `args` encoded from `values` (the contract): what reap, anchor,
+    // refused and unanchor need. lua_yield only marks the coroutine, found
+    // able to yield before its wait started.
     unsafe {
         reap(l);
         let Some(anchor) = anchor(l, values, borrow, &args.spans) else {
@@ -637,8 +659,8 @@ enum Queued {
 /// # Safety
 /// `l` is the running coroutine, on the event loop.
 unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Caller), ()>> {
-    // SAFETY: forwarded; request_of gives the request of the running
-    // coroutine, or null.
+    // SAFETY: l is the running coroutine on the event loop (the contract);
+    // request_of gives its request or null, which from_raw turns into None.
     let r = unsafe { Request::from_raw(request_of(l)) }.filter(Request::may_yield)?;
     // SAFETY: this module keeps only its RequestTasks in the slot.
     let Some(tasks) = (unsafe { r.module_ctx::<RequestTasks>() }) else {
@@ -662,7 +684,8 @@ fn queue_and_wait(l: *mut lua_State, pool: usize, mode: Mode, args: Args, anchor
         Some(Err(())) => return Queued::Refused(ERROR, "no memory".into()),
         Some(Ok(found)) => found,
     };
-    // SAFETY: as above.
+    // SAFETY: l is the running coroutine (queue's contract), as may_suspend
+    // needs.
     if !unsafe { may_suspend(l) } {
         return Queued::Refused(ERROR, NOT_YIELDABLE.into());
     }
@@ -748,7 +771,8 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
 /// # Safety
 /// As refused.
 unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
-    // SAFETY: forwarded.
+    // SAFETY: l is the running coroutine on the event loop (refused's
+    // contract), as caller_of needs.
     let (_, caller) = unsafe { caller_of(l) }?.ok()?;
     let taken = guard::catch(|| {
         with_worker(|w| {
@@ -758,7 +782,9 @@ unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
     });
     let (task, (results, anchor)) = taken.ok().flatten().flatten()?;
     if anchor != 0 {
-        // SAFETY: forwarded.
+        // SAFETY: l is result()'s running state, whose upvalue ANCHORS holds
+        // this task's anchor; the task is finished, so no thread reads the
+        // strings any more.
         unsafe { unanchor(l, &[anchor]) };
     }
     for (i, p) in results.iter().enumerate() {
@@ -835,7 +861,9 @@ unsafe fn push_result(l: *mut lua_State, results: &[Payload], keep: c_int) -> c_
 /// # Safety
 /// As refused.
 unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
-    // SAFETY: forwarded.
+    // SAFETY: l is the running state of a function Lua called (the contract);
+    // emptied, its stack has room for the two values; the string push may
+    // raise, with nothing owned.
     unsafe {
         lua::lua_settop(l, 0);
         lua::lua_pushnil(l);
@@ -847,9 +875,10 @@ unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
 /// `results = results()`: as result, a batch's results in task order,
 /// each `{ true, values..., n = k }` or `{ false, err, n = 2 }`.
 unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
-    // SAFETY: as in result; the payloads are read, some at a time, before
-    // their entries are built, and each entry is built above the results
-    // table and stored in it before the next.
+    // SAFETY: l is the running state of a function Lua called, on the event
+    // loop, with LUA_MINSTACK free slots; the payloads are read, some at a
+    // time, before their entries are built, and each entry is built above the
+    // results table and stored in it before the next.
     unsafe {
         let Some(results) = take(l) else {
             return nil_and(l, "no result");

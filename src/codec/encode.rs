@@ -70,11 +70,13 @@ pub unsafe fn write_values(
     out: &mut Vec<u8>,
     spans: &mut Vec<Span>,
 ) -> Result<usize, CodecError> {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: l is a live state of this thread (the contract), and this is
+    // where a Lua error may unwind, as reserving may raise.
     if !unsafe { reserve_walk(l, 0) } {
         return Err(stack_overflow());
     }
-    // SAFETY: forwarded from the caller, with the slots reserved.
+    // SAFETY: l is a live state of this thread (the contract) and the walk's
+    // slots are reserved just above, where the mark reads the top.
     let mark = unsafe { Mark::of(l, out, spans) };
     // SAFETY: the caller's values at src, with the walk's slots reserved
     // just above; the walk raises nothing, so only a panic meets the guard.
@@ -94,7 +96,8 @@ pub unsafe fn write_values(
 /// `l` must be a live state of this thread. May raise (out of memory):
 /// call it where a Lua error may unwind.
 pub unsafe fn reserve_walk(l: *mut lua_State, extra: usize) -> bool {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: l is a live state of this thread, where a Lua error may unwind
+    // (the contract), as stack::reserve needs.
     unsafe { stack::reserve(l, WALK_SLOTS + extra) }
 }
 
@@ -114,8 +117,10 @@ pub unsafe fn write_walked(
     out: &mut Vec<u8>,
     spans: &mut Vec<Span>,
 ) -> Result<usize, CodecError> {
-    // SAFETY: forwarded from the caller. A walk that stopped at an error
-    // leaves what it pushed and wrote: it is put back.
+    // SAFETY: l is a live state of this thread with the values at src
+    // unchanged and the walk's slots reserved above the top (the contract). A
+    // walk that stopped at an error leaves what it pushed and wrote: it is put
+    // back.
     unsafe {
         let mark = Mark::of(l, out, spans);
         let sink = Sink::Spans(&mut *spans);
@@ -140,7 +145,8 @@ impl Mark {
     /// `l` must be a live state of this thread.
     unsafe fn of(l: *mut lua_State, out: &[u8], spans: &[Span]) -> Mark {
         Mark {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: l is a live state of this thread (the contract); reading
+            // its top neither allocates nor raises.
             top: unsafe { ffi::lua_gettop(l) },
             out: out.len(),
             spans: spans.len(),
@@ -152,8 +158,8 @@ impl Mark {
     /// # Safety
     /// As `of`, on the state it was made on.
     unsafe fn restore(&self, l: *mut lua_State, out: &mut Vec<u8>, spans: &mut Vec<Span>) {
-        // SAFETY: forwarded from the caller; the top only goes down to
-        // where it was.
+        // SAFETY: l is the live state of this thread the mark was made on (the
+        // contract); the top only goes down to where it was.
         unsafe { ffi::lua_settop(l, self.top) };
         out.truncate(self.out);
         spans.truncate(self.spans);
@@ -185,7 +191,8 @@ pub unsafe fn anchor(
     start: c_int,
     end: c_int,
 ) -> c_int {
-    // SAFETY: forwarded from the caller, which may raise here.
+    // SAFETY: l is a live state of this thread, where a Lua error may unwind
+    // (the contract): reserving may raise here.
     if !unsafe { stack::reserve(l, WALK_SLOTS) } {
         return start;
     }
@@ -195,9 +202,11 @@ pub unsafe fn anchor(
         next: &next,
         end,
     };
-    // SAFETY: forwarded from the caller; the values encoded once already,
-    // and the walk does not raise, so the guard only ever meets a panic. A
-    // walk stopped at the end leaves what it pushed: the top is put back.
+    // SAFETY: l is a live state of this thread holding the values at src,
+    // unchanged since they were encoded once (the contract), with the walk's
+    // slots just reserved; the walk does not raise, so the guard only ever
+    // meets a panic. A walk stopped at the end leaves what it pushed: the top
+    // is put back.
     unsafe {
         let top = ffi::lua_gettop(l);
         let values = Values::new(l, src, top);
@@ -569,7 +578,8 @@ impl Values {
                 f(v, v.lua_type())
             }
             Source::Array(table) => {
-                // SAFETY: as above; pos <= MAX_VALUES fits a c_int. Each
+                // SAFETY: the table at `table` is among the values new's
+                // caller vouched for; pos <= MAX_VALUES fits a c_int. Each
                 // value is popped before the next, so the top is as it was
                 // when the walk started.
                 let t = unsafe { Slot::new(self.l, table, &()) };

@@ -61,11 +61,13 @@ pub unsafe fn push_values(
     spans: &[Span],
 ) -> Result<usize, CodecError> {
     let ops = reuse(SPARE_OPS.take());
-    // SAFETY: forwarded from the caller.
+    // SAFETY: the spans' bytes are alive (the contract); decoding reads only
+    // them and `bytes`, and raises nothing.
     let decoded = guard::catch(|| unsafe { decode(bytes, spans, ops) })
         .map_err(|panic| CodecError::BadPayload(ngx_threadpool_wire::panicked(panic)))??;
-    // SAFETY: forwarded from the caller; the ops come from the decoder,
-    // whose deepest value needs NEST_SLOTS.
+    // SAFETY: l is a live state of this thread, where a Lua error may unwind
+    // (the contract); the ops come from the decoder, whose deepest value needs
+    // NEST_SLOTS.
     let built = unsafe { stack::build(l, decoded.n, NEST_SLOTS, &decoded.ops) };
     // a raise in build drops the buffer: the next call allocates one
     SPARE_OPS.set(reuse(decoded.ops));
@@ -105,7 +107,8 @@ pub unsafe fn read_entries<'a>(
     loop {
         let stopped = guard::catch(|| {
             for (bytes, spans) in payloads.by_ref() {
-                // SAFETY: forwarded from the caller.
+                // SAFETY: the spans' bytes are alive for 'a (the contract), as
+                // decode_entry reads them.
                 let n = unsafe { decode::decode_entry(bytes, spans, &mut ops) };
                 read.push((n, ops.len()));
                 if ops.len() >= ENTRIES_OPS {
@@ -148,8 +151,10 @@ impl Entries<'_> {
     /// where a Lua error may unwind.
     pub unsafe fn set(&self, l: *mut lua_State, i: usize) {
         let start = if i == 0 { 0 } else { self.read[i - 1].1 };
-        // SAFETY: forwarded from the caller; the ops of one payload,
-        // from the decoder, set into the table below each value.
+        // SAFETY: l is a live state of this thread with a table on top and
+        // NEST_SLOTS reserved above it, where a Lua error may unwind (the
+        // contract); the ops of one payload, from the decoder, set into the
+        // table below each value.
         unsafe { stack::run(l, 0, &self.ops[start..self.read[i].1]) }
     }
 }

@@ -37,7 +37,8 @@ pub struct Values<'a>(pub Vec<Option<Value<'a>>>);
 /// # Safety
 /// The spans' bytes must stay alive for `'a` (see Span).
 pub unsafe fn values<'a>(bytes: &'a [u8], spans: &'a [Span]) -> Result<Values<'a>, CodecError> {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: the spans' bytes are alive for 'a (the contract), as long as the
+    // values borrow them.
     let decoded = unsafe { decode(bytes, spans, reuse(Vec::new())) }?;
     let mut slots: Vec<Option<Value>> = (0..decoded.n).map(|_| None).collect();
     let mut stack: Vec<Value> = Vec::new();

@@ -45,7 +45,9 @@ impl Span {
     /// # Safety
     /// The bytes must still be kept alive by their owner (see Span).
     pub unsafe fn bytes<'a>(&self) -> &'a [u8] {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: the owner still keeps the bytes alive (the contract), so
+        // `len` bytes from `data` are readable for as long as the caller uses
+        // them.
         unsafe { crate::ngx::shim::bytes(self.data, self.len) }
     }
 }

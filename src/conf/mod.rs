@@ -243,7 +243,8 @@ macro_rules! main_conf_setter {
             _cmd: *mut sys::ngx_command_t,
             conf: *mut c_void,
         ) -> *mut c_char {
-            // SAFETY: forwarded from nginx.
+            // SAFETY: nginx calls a setter with the configuration being parsed
+            // and `conf` our MainConf (the contract), what setter needs.
             unsafe { setter(cf, conf, $set) }
         }
     };
@@ -261,7 +262,8 @@ pub unsafe extern "C" fn set_setting(
 ) -> *mut c_char {
     // SAFETY: nginx passes this command, whose post is its entry.
     let directive = &DIRECTIVES[unsafe { (*cmd).post as usize }];
-    // SAFETY: forwarded from nginx.
+    // SAFETY: nginx calls a setter with the configuration being parsed and
+    // `conf` our MainConf (the contract), what setter needs.
     unsafe {
         setter(cf, conf, |cf, main| {
             let args = cf.args();
@@ -387,7 +389,8 @@ pub unsafe extern "C" fn set_chunk(
 ) -> *mut c_char {
     // SAFETY: nginx passes this command, whose post says what it sets.
     let kind = unsafe { (*cmd).post as usize };
-    // SAFETY: forwarded from nginx.
+    // SAFETY: nginx calls a setter with the configuration being parsed and
+    // `conf` our MainConf (the contract), what setter needs.
     unsafe { setter(cf, conf, |cf, main| set_chunk_in(cf, kind, main)) }
 }
 

@@ -59,7 +59,8 @@ unsafe extern "C" fn lua_alloc(
     if budget.spent.get() && (ptr.is_null() || nsize > osize) {
         return std::ptr::null_mut();
     }
-    // SAFETY: as above; NULL on failure leaves the block as it was.
+    // SAFETY: ptr is null or a block of this allocator family, as realloc
+    // needs; NULL on failure leaves the block as it was.
     let p = unsafe { realloc(ptr, nsize) };
     if p.is_null() {
         budget.spent.set(true);

@@ -35,9 +35,9 @@ impl CFunction {
     /// `l` must be a live state of this thread, its collector stopped (this
     /// allocates outside a protected call).
     pub unsafe fn new(l: *mut lua_State, f: lua_CFunction) -> CFunction {
-        // SAFETY: forwarded from the caller: with the collector stopped,
-        // the allocations cannot run a finalizer; out of memory here is
-        // LuaJIT's panic, as for any state being built.
+        // SAFETY: l is a live state of this thread whose collector is stopped
+        // (the contract): the allocations cannot run a finalizer; out of
+        // memory here is LuaJIT's panic, as for any state being built.
         unsafe {
             ffi::lua_pushcfunction(l, f);
             CFunction(ffi::luaL_ref(l, ffi::LUA_REGISTRYINDEX))
@@ -52,10 +52,11 @@ impl CFunction {
     /// thread, with two free stack slots; `ud` is what the function
     /// expects.
     pub unsafe fn call(self, l: *mut lua_State, ud: *mut c_void) -> Status {
-        // SAFETY: forwarded from the caller. lua_rawgeti and
-        // lua_pushlightuserdata do not allocate, so nothing can raise
-        // before lua_pcall has its frame; lua_pcall catches what the
-        // function raises and leaves its value on top.
+        // SAFETY: l is the live state the function was made in, on its thread,
+        // with two free slots (the contract). lua_rawgeti and
+        // lua_pushlightuserdata do not allocate, so nothing can raise before
+        // lua_pcall has its frame; lua_pcall catches what the function raises
+        // and leaves its value on top.
         unsafe {
             let top = ffi::lua_gettop(l);
             ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, self.0);
@@ -76,7 +77,8 @@ impl CFunction {
 /// # Safety
 /// `l` must be the state running that function, as its first argument.
 pub unsafe fn argument<T>(l: *mut lua_State) -> *mut T {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: l runs a function CFunction::call called with its light userdata
+    // as argument 1 (the contract); lua_touserdata only reads that slot.
     unsafe { ffi::lua_touserdata(l, 1).cast() }
 }
 
@@ -86,8 +88,9 @@ pub unsafe fn argument<T>(l: *mut lua_State) -> *mut T {
 /// # Safety
 /// `l` must be a live state of this thread with a value at `idx`.
 pub unsafe fn plain_text(l: *mut lua_State, idx: c_int) -> String {
-    // SAFETY: forwarded from the caller; lua_tolstring on a string does not
-    // convert or allocate (numbers are read with lua_tonumber instead).
+    // SAFETY: l is a live state of this thread with a value at idx (the
+    // contract); lua_tolstring on a string does not convert or allocate
+    // (numbers are read with lua_tonumber instead).
     unsafe {
         match ffi::lua_type(l, idx) {
             ffi::LUA_TSTRING => {

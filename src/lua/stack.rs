@@ -22,7 +22,8 @@ use std::ffi::{c_int, c_void};
 /// `l` must be a live state of this thread. May raise (out of memory):
 /// call it where a Lua error may unwind.
 pub unsafe fn reserve(l: *mut lua_State, n: usize) -> bool {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: l is a live state of this thread, where a Lua error may unwind
+    // (the contract): lua_checkstack may raise out of memory.
     c_int::try_from(n).is_ok_and(|n| unsafe { ffi::lua_checkstack(l, n) } != 0)
 }
 
@@ -69,22 +70,25 @@ impl<'a, C> Slot<'a, C> {
     }
 
     pub fn boolean(&self) -> bool {
-        // SAFETY: as in lua_type.
+        // SAFETY: `l` and `idx` are valid (Slot's invariant); lua_toboolean
+        // only reads the slot.
         unsafe { ffi::lua_toboolean(self.l, self.idx) != 0 }
     }
 
     /// The number, for a number value (other types would be converted).
     pub fn number(&self) -> f64 {
-        // SAFETY: as in lua_type.
+        // SAFETY: `l` and `idx` are valid (Slot's invariant); lua_tonumber on
+        // a number reads it, allocating nothing.
         unsafe { ffi::lua_tonumber(self.l, self.idx) }
     }
 
     /// The bytes of a string value.
     pub fn bytes(&self) -> &[u8] {
         let mut len = 0;
-        // SAFETY: as in lua_type; for a string value lua_tolstring neither
-        // converts nor allocates, and the string stays on the stack while
-        // callers use the bytes (they use them at once).
+        // SAFETY: `l` and `idx` are valid (Slot's invariant); for a string
+        // value lua_tolstring neither converts nor allocates, and the string
+        // stays on the stack while callers use the bytes (they use them at
+        // once).
         unsafe {
             let p = ffi::lua_tolstring(self.l, self.idx, &mut len);
             std::slice::from_raw_parts(p.cast::<u8>(), len)
@@ -94,18 +98,20 @@ impl<'a, C> Slot<'a, C> {
     /// A border of a table value, as Lua's `#` finds it (t[1] is nil when
     /// it is 0).
     pub fn border(&self) -> usize {
-        // SAFETY: as in lua_type; for a table lua_objlen reads the border
-        // without metamethods, allocating nothing.
+        // SAFETY: `l` and `idx` are valid (Slot's invariant); for a table
+        // lua_objlen reads the border without metamethods, allocating nothing.
         unsafe { ffi::lua_objlen(self.l, self.idx) }
     }
 
     pub fn pointer(&self) -> *const c_void {
-        // SAFETY: as in lua_type.
+        // SAFETY: `l` and `idx` are valid (Slot's invariant); lua_topointer
+        // only reads the slot.
         unsafe { ffi::lua_topointer(self.l, self.idx) }
     }
 
     pub fn is_null(&self) -> bool {
-        // SAFETY: as in lua_type.
+        // SAFETY: `l` and `idx` are valid (Slot's invariant); lua_touserdata
+        // only reads the slot.
         unsafe { ffi::lua_touserdata(self.l, self.idx).is_null() }
     }
 
@@ -196,7 +202,9 @@ pub enum Op<'a> {
 /// within 1..=n). Allocates, so it may raise: call it where a Lua error
 /// may unwind (it leaves the stack with extra values then).
 pub unsafe fn build(l: *mut lua_State, n: usize, slots: usize, ops: &[Op]) -> bool {
-    // SAFETY: forwarded from the caller, with the slots reserved here.
+    // SAFETY: l is a live state of this thread, where a Lua error may unwind,
+    // and `ops` come from the decoder (the contract); the slots they need are
+    // reserved here first.
     unsafe {
         if !reserve(l, n + slots) {
             return false;
@@ -214,10 +222,10 @@ pub unsafe fn build(l: *mut lua_State, n: usize, slots: usize, ops: &[Op]) -> bo
 /// As build, with the slots `ops` need reserved and, for a Place, its
 /// slot on the stack.
 pub unsafe fn run(l: *mut lua_State, base: c_int, ops: &[Op]) {
-    // SAFETY: forwarded from the caller; each Set and Place finds what it
-    // pops (the decoder's ops). LuaJIT copies the bytes of a string and
-    // reads none when the length is 0 (the pointer is then dangling but
-    // non-null).
+    // SAFETY: l is a live state of this thread with the slots `ops` need
+    // reserved, and the ops come from the decoder (the contract): each Set and
+    // Place finds what it pops. LuaJIT copies the bytes of a string and reads
+    // none when the length is 0 (the pointer is then dangling but non-null).
     unsafe {
         for op in ops {
             match *op {

@@ -87,7 +87,9 @@ impl Library {
                 std::mem::transmute::<*mut std::ffi::c_void, FreeFn>(free.as_ptr()),
             )
         };
-        // SAFETY: as above; the function takes nothing.
+        // SAFETY: the header declares ngx_threadpool_abi_version as taking
+        // nothing and returning the ABI's version; the library stays loaded
+        // (dl) across the call.
         let found = unsafe { version() };
         if !(wire::ABI_VERSION_MIN..=wire::ABI_VERSION).contains(&found) {
             return Err(LoadError::Abi { path: shown, found });

@@ -184,8 +184,9 @@ pub fn check_in(ms: u64) {
     if events.is_null() {
         return;
     }
-    // SAFETY: as in defer; the timer tree is the event loop's (what
-    // ngx_add_timer does, without its lazy re-arming).
+    // SAFETY: the events were allocated by install and live as long as the
+    // worker (non-null checked above), and the timer tree is the event loop's,
+    // this thread's (what ngx_add_timer does, without its lazy re-arming).
     unsafe {
         let ev = &raw mut (*events).timed;
         if (*ev).timer_set() != 0 {

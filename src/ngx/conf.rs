@@ -96,7 +96,9 @@ impl Conf {
     /// Moves nginx's line counter: past what a setter read itself, or to the
     /// line an error should name.
     pub fn set_line(&self, line: usize) {
-        // SAFETY: as in line().
+        // SAFETY: self holds the configuration nginx passed to the running
+        // setter or hook (from_raw's contract), whose conf_file is null or the
+        // file being parsed.
         if let Some(f) = unsafe { (*self.0).conf_file.as_mut() } {
             f.line = line;
         }
@@ -105,7 +107,9 @@ impl Conf {
     /// The rest of the current file, from where nginx's tokenizer stopped
     /// (right after a block directive's `{`).
     pub fn reader(&self) -> ConfReader {
-        // SAFETY: as in line().
+        // SAFETY: self holds the configuration nginx passed to the running
+        // setter or hook (from_raw's contract), whose conf_file is null or the
+        // file being parsed, alive while it is read.
         ConfReader(unsafe { (*self.0).conf_file })
     }
 

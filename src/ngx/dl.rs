@@ -38,7 +38,8 @@ pub struct Dl {
 // SAFETY: a dlopen handle is process-wide; dlsym and dlclose may be called
 // from any thread (glibc serializes them under its loader lock).
 unsafe impl Send for Dl {}
-// SAFETY: as above; &Dl only allows dlsym.
+// SAFETY: &Dl only allows dlsym, which glibc serializes under its loader lock,
+// on a process-wide handle.
 unsafe impl Sync for Dl {}
 
 /// A file loaded through `/proc/self/fd/N`, N being `file`'s descriptor,
@@ -154,6 +155,7 @@ fn last_error() -> String {
     if e.is_null() {
         return "unknown dlerror".into();
     }
-    // SAFETY: as above.
+    // SAFETY: e is the non-null string dlerror just returned, valid until the
+    // next dl call on this thread, which comes after the copy.
     unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
 }

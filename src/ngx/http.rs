@@ -77,7 +77,8 @@ pub fn worker_number() -> usize {
 /// # Safety
 /// `cf` must be the configuration being parsed.
 pub unsafe fn configured_workers(cf: *mut sys::ngx_conf_t) -> Option<usize> {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: cf is the configuration being parsed (the contract), whose
+    // cycle's core conf exists from the start of parsing.
     let n = unsafe { (*core_conf((*cf).cycle)).worker_processes };
     (n > 0).then_some(n as usize)
 }
@@ -100,7 +101,8 @@ pub fn running_workers() -> usize {
 /// # Safety
 /// `cycle` must be live; its core conf exists from the start of parsing.
 unsafe fn core_conf(cycle: *mut sys::ngx_cycle_t) -> *const sys::ngx_core_conf_t {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: cycle is live (the contract), and its core conf sits in the slot
+    // of the core module's index from the start of parsing.
     unsafe { *(*cycle).conf_ctx.add(sys::ngx_core_module.index) as *const sys::ngx_core_conf_t }
 }
 

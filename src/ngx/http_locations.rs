@@ -54,7 +54,8 @@ pub unsafe fn aio_users(cycle: *mut sys::ngx_cycle_t) -> Vec<AioUser> {
 unsafe fn core_loc_conf(
     loc_conf: *mut *mut std::ffi::c_void,
 ) -> *mut sys::ngx_http_core_loc_conf_t {
-    // SAFETY: forwarded from the caller; every http module has a slot.
+    // SAFETY: loc_conf is a context's array of location confs (the contract),
+    // which has a slot for every http module, the core module's among them.
     unsafe { *loc_conf.add(sys::ngx_http_core_module.ctx_index) as *mut _ }
 }
 
@@ -66,8 +67,9 @@ unsafe fn visit(clcf: *mut sys::ngx_http_core_loc_conf_t, users: &mut Vec<AioUse
     if clcf.is_null() {
         return;
     }
-    // SAFETY: forwarded from the caller; the nested trees and arrays are
-    // built by nginx from the same configuration.
+    // SAFETY: clcf is a core location conf of a configured cycle (the
+    // contract, null returned above); the nested trees and arrays are built by
+    // nginx from the same configuration.
     unsafe {
         if !(*clcf).thread_pool.is_null() {
             users.push(AioUser {
@@ -92,7 +94,9 @@ unsafe fn visit_tree(node: *mut sys::ngx_http_location_tree_node_t, users: &mut 
     if node.is_null() {
         return;
     }
-    // SAFETY: forwarded from the caller.
+    // SAFETY: node is a node of a built location tree (the contract, null
+    // returned above), whose exact and inclusive locations and left, right and
+    // tree nodes are null or built.
     unsafe {
         visit((*node).exact, users);
         if (*node).inclusive != (*node).exact {

@@ -16,7 +16,9 @@ pub struct Log(*mut sys::ngx_log_t);
 // threads (they are joined before the cycle goes away); ngx_log_error_core
 // only reads it and write()s, as nginx's own thread pools do.
 unsafe impl Send for Log {}
-// SAFETY: as above, it is only read.
+// SAFETY: &Log only gives the pointer to ngx_log_error_core, which reads the
+// ngx_log_t (alive as long as its cycle) and write()s, as nginx's own thread
+// pools do from their threads.
 unsafe impl Sync for Log {}
 
 impl Log {

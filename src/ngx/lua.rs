@@ -31,8 +31,26 @@ pub fn add_preload(
 /// `l` must be a coroutine of lua-nginx-module's VM, running now on the
 /// event loop.
 pub unsafe fn request_of(l: *mut lua::lua_State) -> *mut sys::ngx_http_request_t {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: l is a coroutine of lua-nginx-module's VM running now on the
+    // event loop (the contract), the only state get_request reads a request
+    // from.
     unsafe { (lua_module().get_request)(l) }
+}
+
+/// lua-nginx-module's context bits, as `ngx_http_lua_ffi_get_phase` returns
+/// them: its NGX_HTTP_LUA_CONTEXT_* macros of src/ngx_http_lua_common.h,
+/// the same values in every release from 0.10.23 to 0.10.28. (No header of
+/// the lua module is installed for bindgen to read: Debian ships its
+/// `.so` only.)
+mod contexts {
+    use std::ffi::c_int;
+    pub const REWRITE: c_int = 0x0002;
+    pub const ACCESS: c_int = 0x0004;
+    pub const CONTENT: c_int = 0x0008;
+    pub const TIMER: c_int = 0x0080;
+    pub const INIT_WORKER: c_int = 0x0100;
+    pub const SSL_CERT: c_int = 0x0400;
+    pub const SERVER_REWRITE: c_int = 0x8000;
 }
 
 /// lua-nginx-module's contexts (NGX_HTTP_LUA_CONTEXT_*) whose coroutines
@@ -43,7 +61,12 @@ pub unsafe fn request_of(l: *mut lua::lua_State) -> *mut sys::ngx_http_request_t
 /// (nginx fails it) or ssl_session_fetch (the lua module logs "missing
 /// async sess get cb support in OpenSSL"): ngx.sleep there fails alike,
 /// so a push there is refused with an error naming the context.
-const YIELDABLE: c_int = 0x0002 | 0x8000 | 0x0004 | 0x0008 | 0x0080 | 0x0400;
+const YIELDABLE: c_int = contexts::REWRITE
+    | contexts::SERVER_REWRITE
+    | contexts::ACCESS
+    | contexts::CONTENT
+    | contexts::TIMER
+    | contexts::SSL_CERT;
 /// The contexts of YIELDABLE as the shim's error lists them.
 pub const YIELDABLE_NAMES: &str =
     "rewrite, server_rewrite, access, content, timer or ssl_certificate";
@@ -63,12 +86,10 @@ unsafe extern "C-unwind" {
 /// # Safety
 /// `l` must be the running coroutine.
 pub unsafe fn may_suspend(l: *mut lua::lua_State) -> bool {
-    // SAFETY: forwarded; a read of the coroutine's C frame.
+    // SAFETY: l is the running coroutine (the contract); lua_isyieldable only
+    // reads its C frame count.
     unsafe { lua_isyieldable(l) != 0 }
 }
-
-/// NGX_HTTP_LUA_CONTEXT_INIT_WORKER.
-const INIT_WORKER: c_int = 0x0100;
 
 /// The lua module's context of the Lua handler running for `r` (0 when
 /// none).
@@ -90,7 +111,8 @@ unsafe fn context(r: *mut sys::ngx_http_request_t) -> c_int {
 /// # Safety
 /// As `context`.
 pub unsafe fn may_yield(r: *mut sys::ngx_http_request_t) -> bool {
-    // SAFETY: forwarded.
+    // SAFETY: r is the request of the running Lua handler, or null (the
+    // contract), as context takes it.
     let context = unsafe { context(r) };
     context > 0 && context & YIELDABLE != 0
 }
@@ -102,8 +124,9 @@ pub unsafe fn may_yield(r: *mut sys::ngx_http_request_t) -> bool {
 /// # Safety
 /// As `context`.
 pub unsafe fn in_init_worker(r: *mut sys::ngx_http_request_t) -> bool {
-    // SAFETY: forwarded.
-    unsafe { context(r) == INIT_WORKER }
+    // SAFETY: r is the request of the running Lua handler, or null (the
+    // contract), as context takes it.
+    unsafe { context(r) == contexts::INIT_WORKER }
 }
 
 /// A lua-nginx-module semaphore owned by this module, not by the Lua GC:
@@ -157,7 +180,9 @@ impl Sema {
         err: *mut u8,
         errlen: *mut usize,
     ) -> c_int {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: r is the request of the running Lua handler and `err` holds
+        // `*errlen` writable bytes (the contract); the semaphore is alive
+        // while self is.
         unsafe { (lua_module().sema_wait)(r, self.0.as_ptr(), ms, err, errlen) }
     }
 }
@@ -211,7 +236,8 @@ impl MainVm {
     /// # Safety
     /// `l` must be a live Lua state, on its thread.
     pub unsafe fn runs(self, l: *mut lua::lua_State) -> bool {
-        // SAFETY: forwarded from the caller; reads no stack slot.
+        // SAFETY: l is a live Lua state on its thread (the contract);
+        // lua_topointer on the registry reads no stack slot.
         unsafe { lua::lua_topointer(l, lua::LUA_REGISTRYINDEX) == self.registry }
     }
 

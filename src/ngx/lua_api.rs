@@ -35,7 +35,9 @@ pub struct LuaConf(NonNull<c_void>);
 // threads (they are joined at exit_process); the inject functions only read
 // its shared dict list, which is written while the configuration is parsed.
 unsafe impl Send for LuaConf {}
-// SAFETY: as above, it is only read.
+// SAFETY: &LuaConf only reaches the inject functions, which read the conf's
+// shared dict list, written only while the configuration is parsed, before any
+// thread starts.
 unsafe impl Sync for LuaConf {}
 
 impl LuaConf {
@@ -44,7 +46,9 @@ impl LuaConf {
     /// # Safety
     /// `cycle` must be a live, configured cycle; the lua module is linked.
     pub unsafe fn of(cycle: *mut sys::ngx_cycle_t) -> Option<LuaConf> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: cycle is live and configured and the lua module linked (the
+        // contract): its http main conf holds the lua module's conf in that
+        // module's slot.
         NonNull::new(unsafe { conf::http_main_conf(cycle, lua_module().module) }).map(LuaConf)
     }
 

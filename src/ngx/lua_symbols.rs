@@ -153,7 +153,7 @@ pub fn link(cf: Conf) -> Result<(), String> {
         ));
     }
     let current = LINKED.load(Ordering::Acquire);
-    // SAFETY: as in get().
+    // SAFETY: LINKED holds null or a leaked Box, never freed.
     if unsafe { current.as_ref() }.is_some_and(|t| ptr::eq(t.module, lua)) {
         return Ok(());
     }
@@ -172,9 +172,10 @@ fn resolve(module: *const sys::ngx_module_t) -> Result<LuaModule, String> {
         // SAFETY: the caller vouches that F is the symbol's type.
         Some(unsafe { std::mem::transmute_copy(&p.as_ptr()) })
     }
-    // SAFETY: as optional().
+    // SAFETY: the caller vouches that F is the symbol's type.
     unsafe fn f<F: Copy>(name: &CStr) -> Result<F, String> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: F is the symbol's type (this function's contract), what
+        // optional needs.
         unsafe { optional(name) }.ok_or_else(|| {
             format!(
                 "ngx_http_lua_module.so has no {}: {}",
@@ -183,11 +184,14 @@ fn resolve(module: *const sys::ngx_module_t) -> Result<LuaModule, String> {
             )
         })
     }
-    // SAFETY: see f().
+    // SAFETY: lua-nginx-module exports ngx_http_lua_inject_config_api with the
+    // Inject signature in every release of LUA_MODULE_VERSIONS.
     let inject_config_api: Inject = unsafe { f(c"ngx_http_lua_inject_config_api")? };
     let version = lua_module_version(inject_config_api)?;
     check_version(version)?;
-    // SAFETY: see f().
+    // SAFETY: every release of LUA_MODULE_VERSIONS (its version checked just
+    // above) exports each name below with the signature of its field
+    // (lua-resty-core's cdefs agree).
     unsafe {
         Ok(LuaModule {
             module,

@@ -1,7 +1,6 @@
 //! The nginx boundary: generated bindings and small wrappers that own nothing.
 //!
-//! Every `unsafe` that touches nginx lives here or in the few entry points
-//! that nginx and the Lua shim call (`lib.rs`, `conf/`, `api/`).
+//! Where else `unsafe` is, and why: the table in lib.rs's module doc.
 
 pub mod accept;
 pub mod bindings;

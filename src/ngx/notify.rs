@@ -178,7 +178,8 @@ unsafe fn sleep(
     SLEEPING.store(true, Ordering::SeqCst);
     if WAKE_PENDING.load(Ordering::SeqCst) {
         SLEEPING.store(false, Ordering::SeqCst);
-        // SAFETY: forwarded from the caller.
+        // SAFETY: this runs on the event loop, forwarding nginx's call to
+        // `original` (the contract), as take_then_look needs.
         return unsafe { take_then_look(original, cycle, flags) };
     }
     // SAFETY: nginx's own call; a completion that comes while it blocks

@@ -99,7 +99,8 @@ pub unsafe fn bytes<'a>(data: *const u8, len: usize) -> &'a [u8] {
     if data.is_null() || len == 0 {
         return &[];
     }
-    // SAFETY: forwarded from the caller.
+    // SAFETY: data is non-null (checked above) and points to `len` readable
+    // bytes that stay put for 'a (the contract).
     unsafe { std::slice::from_raw_parts(data, len) }
 }
 

@@ -14,7 +14,8 @@ pub struct Zone(NonNull<sys::ngx_shm_zone_t>);
 // SAFETY: the zone struct lives in the cycle's pool and is only read after
 // configuration; the memory it points to is shared and accessed with atomics.
 unsafe impl Send for Zone {}
-// SAFETY: as above.
+// SAFETY: &Zone reads the zone struct, written only during configuration, and
+// the shared block, accessed only through atomics.
 unsafe impl Sync for Zone {}
 
 /// Room the slab allocator's own bookkeeping needs in a zone, beyond the
@@ -78,9 +79,10 @@ impl Zone {
     /// (atomics).
     pub unsafe fn as_slice<T: Sync>(&self, offset: usize, len: usize) -> Option<&'static [T]> {
         let block = self.block()?;
-        // SAFETY: forwarded from the caller; the slab allocator aligns a
-        // block to at least 8 bytes, and the zone stays mapped in this
-        // process until it exits.
+        // SAFETY: the zone was added with room for `len` T at `offset`, which
+        // is T-aligned, and an all-zero T is a valid shared value (the
+        // contract); the slab allocator aligns a block to at least 8 bytes,
+        // and the zone stays mapped in this process until it exits.
         Some(unsafe { std::slice::from_raw_parts(block.as_ptr().add(offset).cast::<T>(), len) })
     }
 }

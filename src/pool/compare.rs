@@ -85,7 +85,8 @@ impl Owned {
         let used: HashSet<(usize, usize)> = if spans.is_empty() {
             HashSet::new()
         } else {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: the spans' bytes are alive until this returns (the
+            // contract), and the decoder reads them only here.
             match unsafe { codec::decode(bytes, spans, codec::reuse(Vec::new())) } {
                 Ok(decoded) => decoded
                     .ops
@@ -106,7 +107,8 @@ impl Owned {
                 if !used.contains(&(s.data as usize, s.len)) {
                     return Span::of(&[]);
                 }
-                // SAFETY: forwarded from the caller.
+                // SAFETY: the span's bytes are alive until this returns (the
+                // contract); they are copied into the box at once.
                 let copy: Box<[u8]> = unsafe { s.bytes() }.into();
                 // the box's bytes stay where they are when it moves
                 let span = Span::of(&copy);

@@ -64,9 +64,11 @@ impl Handler {
         cancel: &Cancel,
     ) -> Ran {
         match self {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: the bytes of `spans` are alive until this returns (the
+            // contract), and the VM is this thread's.
             Handler::Lua(vm) => unsafe { vm.run(args, spans, out, out_spans, cancel) },
-            // SAFETY: forwarded from the caller. Its results borrow
+            // SAFETY: the bytes of `spans` are alive until this returns (the
+            // contract), and the state is this thread's. Its results borrow
             // nothing: out_spans stays empty.
             Handler::Native(state) => Ran::from(unsafe { state.run(args, spans, out, cancel) }),
         }

@@ -118,7 +118,9 @@ impl Shadow {
             PoolStats::add(&self.pair.counts.shadow_skipped);
             return;
         }
-        // SAFETY: forwarded from the caller.
+        // SAFETY: the spans of the job's arguments and of `result` are alive
+        // (the contract: the task's completion has not gone); both are copied
+        // here, before this returns.
         let (args, got) = unsafe {
             (
                 Owned::copy(job.args.part(i), &job.args.spans),

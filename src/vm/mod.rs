@@ -243,7 +243,9 @@ fn build(
         refs: Refs::default(),
         error: None,
     };
-    // SAFETY: as above; s is what task::setup expects.
+    // SAFETY: l is this thread's state and setup was made in it; it has two
+    // free slots (nothing is on its stack), and s is the Setup task::setup
+    // expects, alive across the call.
     match unsafe { setup.call(l, (&raw mut s).cast::<c_void>()) } {
         Status::Ok => {}
         Status::OutOfMemory => return Err(codec::NOT_ENOUGH_MEMORY.into()),

@@ -86,7 +86,9 @@ pub unsafe extern "C-unwind" fn setup(l: *mut lua_State) -> c_int {
 /// Inside a protected call on `l`.
 unsafe fn load(l: *mut lua_State, chunk: &Chunk) -> Result<(), String> {
     let name = CString::new(chunk.name.replace('\0', "")).unwrap_or_default();
-    // SAFETY: forwarded from the caller; the code and name outlive the call.
+    // SAFETY: this runs inside a protected call on l (the contract), so
+    // luaL_loadbuffer's allocations may raise; the code and name outlive the
+    // call.
     unsafe {
         let code = &chunk.code;
         if ffi::luaL_loadbuffer(l, code.as_ptr().cast(), code.len(), name.as_ptr()) != ffi::LUA_OK {
@@ -102,8 +104,9 @@ unsafe fn load(l: *mut lua_State, chunk: &Chunk) -> Result<(), String> {
 /// # Safety
 /// Inside a protected call on `l`, with the value on top.
 unsafe fn error_text(l: *mut lua_State, tostring: c_int) -> String {
-    // SAFETY: forwarded from the caller; two slots were freed by the
-    // call that left the value (its function and arguments).
+    // SAFETY: this runs inside a protected call on l with the value on top
+    // (the contract); two slots were freed by the call that left the value
+    // (its function and arguments).
     unsafe {
         let v = ffi::lua_gettop(l);
         let t = ffi::lua_type(l, v);
@@ -184,7 +187,9 @@ pub unsafe extern "C-unwind" fn run(l: *mut lua_State) -> c_int {
             // SAFETY: the results are at 2..=top.
             let n = unsafe { ffi::lua_gettop(l) } as usize - 1;
             let borrow = t.borrow.map(|min| Borrow { min, nested: false });
-            // SAFETY: as above.
+            // SAFETY: inside run's protected call, where write_values may
+            // raise, with the n results at 2..=top, unchanged since the
+            // handler returned them.
             match unsafe {
                 codec::write_values(
                     l,
@@ -197,7 +202,8 @@ pub unsafe extern "C-unwind" fn run(l: *mut lua_State) -> c_int {
                 )
             } {
                 Ok(0) => {}
-                // SAFETY: as above, the results unchanged since encoded.
+                // SAFETY: inside run's protected call, with the n results at
+                // 2..=n+1 unchanged since they were encoded, as pin needs.
                 Ok(borrowed) => unsafe { pin(l, t, n, borrowed) },
                 Err(e) => t.fail(e),
             }
@@ -227,8 +233,9 @@ const DRAIN_MAX: u32 = 10_000;
 /// Inside `run`, with its light userdata alone on the stack.
 unsafe fn drain(l: *mut lua_State, t: &mut Task) {
     for _ in 0..DRAIN_MAX {
-        // SAFETY: forwarded; step is a C function of this state, and a
-        // C function has slots for it and its error.
+        // SAFETY: this runs inside `run`, a protected call, with its light
+        // userdata alone on the stack (the contract); step is a C function of
+        // this state, and a C function has slots for it and its error.
         let failed = unsafe {
             ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, t.refs.step);
             let failed = ffi::lua_pcall(l, 0, 0, 0) != ffi::LUA_OK;
@@ -262,9 +269,10 @@ unsafe fn pin(l: *mut lua_State, t: &mut Task, n: usize, borrowed: usize) {
         nested: false,
     };
     let end = borrowed as c_int + 1;
-    // SAFETY: forwarded from the caller; the table has room for every
-    // borrowed string in its array part (codec::anchor's contract), and
-    // the collection may raise here, inside the protected call.
+    // SAFETY: this runs inside `run`, a protected call where the collection
+    // may raise, with the n results at 2..=n+1 as encoded (the contract); the
+    // table has room for every borrowed string in its array part
+    // (codec::anchor's contract).
     unsafe {
         ffi::lua_createtable(l, borrowed as c_int, 0);
         let table = ffi::lua_gettop(l);
@@ -287,7 +295,8 @@ unsafe fn pin(l: *mut lua_State, t: &mut Task, n: usize, borrowed: usize) {
 /// Inside `run`, with the error value on top.
 unsafe fn error_value(l: *mut lua_State, t: &mut Task) {
     t.outcome = Outcome::Failed;
-    // SAFETY: forwarded from the caller.
+    // SAFETY: this runs inside `run`, a protected call, with the error value
+    // on top (the contract), which is read and replaced here.
     unsafe {
         let v = ffi::lua_gettop(l);
         if ffi::lua_type(l, v) == ffi::LUA_TNIL {

@@ -289,7 +289,8 @@ impl Worker {
         let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
         let task = match caller {
             Some(caller) => {
-                // SAFETY: forwarded from the caller.
+                // SAFETY: caller.tasks is live until it is dropped, which
+                // unlinks its records (the contract), as start needs.
                 match unsafe { self.tasks.start(caller, index, anchor, stream.is_some()) } {
                     Ok(task) => task,
                     Err(e) => {

@@ -24,8 +24,8 @@ unsafe fn thread_ngx_env(cycle: *mut sys::ngx_cycle_t, vm: Option<ngx::lua::Main
     let pcre_version = ngx::lua_api::pcre_version();
     vm::NgxEnv {
         lua_conf,
-        // SAFETY: as above: init_process, where the worker's pid, slot and
-        // core conf are set.
+        // SAFETY: the event loop's init_process (the contract), where the
+        // worker's pid, slot and core conf are set.
         worker: unsafe { ngx::lua_api::WorkerInfo::current() },
         regex: vm::RegexEnv {
             pcre: pcre_version.as_deref().and_then(vm::Pcre::of_version),
@@ -54,7 +54,8 @@ pub unsafe fn init_process(
     // before any request.
     let paths = conf.lua_vm.and_then(|vm| unsafe { vm.package_paths() });
     let log = ngx::log::Log::cycle();
-    // SAFETY: as above; the lua module is loaded before this module.
+    // SAFETY: the event loop's init_process of `cycle`, with the lua module
+    // linked and its main VM idle (the contract), as thread_ngx_env needs.
     let ngx_env = unsafe { thread_ngx_env(cycle, conf.lua_vm) };
     // One spec per configured pool, in order: a pool's index in the
     // configuration is its id in the shim (api/functions.rs).

@@ -415,9 +415,11 @@ impl StatusTable {
     /// # Safety
     /// `cf` must be the configuration being parsed (postconfiguration).
     pub unsafe fn add(cf: *mut sys::ngx_conf_t, pools: usize) -> Option<StatusTable> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: cf is the configuration being parsed (the contract), whose
+        // core conf configured_workers reads.
         let workers = unsafe { http::configured_workers(cf) }.unwrap_or_else(http::cpus);
-        // SAFETY: forwarded from the caller.
+        // SAFETY: cf is the configuration being parsed, in postconfiguration
+        // (the contract), where a shared zone may be added.
         let zone = unsafe { Zone::add(cf, b"ngx_threadpool_status", table_size(workers, pools)) }?;
         Some(StatusTable {
             zone,

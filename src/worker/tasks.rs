@@ -606,7 +606,8 @@ impl Tasks {
         if head != NONE {
             self.slots[head as usize].prev = index;
         }
-        // SAFETY: as above.
+        // SAFETY: owner is live, as when its head was read above, and nothing
+        // else holds a reference to it.
         unsafe { (*owner).head = index };
     }
 

@@ -145,6 +145,9 @@ pub struct Nginx {
     child: Option<Child>,
     /// How the master (or single process) exited, once it has.
     pub status: Option<ExitStatus>,
+    /// Patterns (see `matches`) of the error lines this nginx's test
+    /// expects: assert_clean_log lets them through.
+    pub expected_errors: Vec<String>,
 }
 
 impl Nginx {
@@ -270,6 +273,7 @@ impl Nginx {
             port,
             child: Some(child),
             status: None,
+            expected_errors: Vec::new(),
         };
         n.wait_ready(ready, has_workers);
         n
@@ -359,9 +363,19 @@ impl Nginx {
         request(self.port, "POST", path, &[], body)
     }
 
-    /// Fails the test if the error log shows a crash or a leak alert.
+    /// Fails the test if the error log shows a crash, a panic or a line
+    /// at level error or above that its test does not expect
+    /// (`expected_errors`).
     pub fn assert_clean_log(&self) {
-        assert_clean(&self.error_log());
+        let expected: Vec<&str> = self.expected_errors.iter().map(String::as_str).collect();
+        assert_clean_but(&self.error_log(), &expected);
+    }
+
+    /// Declares error lines this test expects (patterns, see `matches`):
+    /// assert_clean_log lets them through.
+    pub fn expect_errors(&mut self, patterns: &[&str]) {
+        self.expected_errors
+            .extend(patterns.iter().map(|p| p.to_string()));
     }
 }
 
@@ -388,19 +402,253 @@ impl Drop for Nginx {
     }
 }
 
-/// Fails the test if `log` (an error log) shows a crash, a panic or an
-/// alert.
+/// The levels at which a line in the error log is a failure unless its
+/// test expects it (lua-nginx-module's tests: `--- no_error_log [error]`).
+const ERROR_LEVELS: [&str; 4] = ["[error]", "[crit]", "[alert]", "[emerg]"];
+
+/// Fails the test if `log` (an error log) shows a crash, a panic or any
+/// line at level error or above.
 pub fn assert_clean(log: &str) {
-    for bad in [
-        "signal 11",
-        "signal 6",
-        "signal 7",
-        "exited on signal",
-        "[alert]",
-        "[emerg]",
-        "panic",
-    ] {
+    assert_clean_but(log, &[]);
+}
+
+/// As assert_clean, letting through the error lines that match one of
+/// `expected` (patterns, see `matches`): those the test provokes. A crash
+/// fails it whatever it expects.
+pub fn assert_clean_but(log: &str, expected: &[&str]) {
+    for bad in ["signal 11", "signal 6", "signal 7", "exited on signal"] {
         assert!(!log.contains(bad), "error.log contains {bad:?}:\n{log}");
+    }
+    for line in log.lines() {
+        let expected = expected.iter().any(|p| matches(line, p));
+        let level = ERROR_LEVELS.iter().find(|l| line.contains(*l));
+        if let Some(level) = level.filter(|_| !expected) {
+            panic!("error.log has an unexpected {level} line:\n{line}\n\nerror.log:\n{log}");
+        }
+        assert!(
+            expected || !line.contains("panic"),
+            "error.log has an unexpected panic:\n{line}\n\nerror.log:\n{log}"
+        );
+    }
+}
+
+/// Whether `text` contains `pattern`, where a `*` in the pattern stands
+/// for any run of characters: "init exploded" or "thread pool *: busy".
+pub fn matches(text: &str, pattern: &str) -> bool {
+    let mut rest = text;
+    for piece in pattern.split('*') {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Whether `text` is `pattern` whole, a `*` standing for any run of
+/// characters.
+pub fn matches_whole(text: &str, pattern: &str) -> bool {
+    let pieces: Vec<&str> = pattern.split('*').collect();
+    if pieces.len() == 1 {
+        return text == pattern;
+    }
+    let (first, last) = (pieces[0], pieces[pieces.len() - 1]);
+    text.len() >= first.len() + last.len()
+        && text.starts_with(first)
+        && text.ends_with(last)
+        && matches(
+            &text[first.len()..text.len() - last.len()],
+            &pieces[1..pieces.len() - 1].join("*"),
+        )
+}
+
+/// One request of a Case and the response it expects.
+struct Exchange {
+    method: &'static str,
+    path: String,
+    body: Vec<u8>,
+    status: u16,
+    /// The whole response body, `*` standing for any run of characters.
+    want: String,
+}
+
+/// A declarative test, in the shape of lua-nginx-module's Test::Nginx
+/// blocks: the configuration (thread_pool declarations, http-level
+/// directives, locations served by the harness's `server { listen
+/// 127.0.0.1:$PORT; ... }`, files in conf/), the requests and the
+/// responses they expect, and the log lines it expects. `run` starts
+/// nginx, checks every exchange and log line, and fails on any line at
+/// level error or above that the case does not expect (`error_line`).
+///
+/// ```ignore
+/// Case::new("thread_pool p threads=1;")
+///     .http(r#"thread_pool_process_by_lua p "return (...):upper()";"#)
+///     .lua("/", r#"ngx.say(tp.p:push_task("foo"))"#)
+///     .get("/", 200, "FOO\n")
+///     .run();
+/// ```
+#[must_use = "a Case does nothing until run or start"]
+pub struct Case {
+    main: String,
+    http: String,
+    server: String,
+    files: Vec<(String, String)>,
+    workers: usize,
+    exchanges: Vec<Exchange>,
+    log_lines: Vec<String>,
+    error_lines: Vec<String>,
+}
+
+impl Case {
+    /// A case whose top level (thread_pool declarations) is `main`.
+    pub fn new(main: &str) -> Case {
+        Case {
+            main: main.to_string(),
+            http: String::new(),
+            server: String::new(),
+            files: Vec::new(),
+            workers: 1,
+            exchanges: Vec::new(),
+            log_lines: Vec::new(),
+            error_lines: Vec::new(),
+        }
+    }
+
+    /// Directives of the http block, outside the server (pools' handlers,
+    /// `lua_package_path`, ...).
+    pub fn http(mut self, directives: &str) -> Case {
+        self.http.push_str(directives);
+        self.http.push('\n');
+        self
+    }
+
+    /// Anything inside the server block: locations of any kind.
+    pub fn server(mut self, text: &str) -> Case {
+        self.server.push_str(text);
+        self.server.push('\n');
+        self
+    }
+
+    /// `location PATH` whose content is the Lua `code`, with `tp` bound
+    /// to `require "resty.threadpool"`.
+    pub fn lua(self, path: &str, code: &str) -> Case {
+        self.server(&format!(
+            "location {path} {{ content_by_lua_block {{\n\
+             local tp = require \"resty.threadpool\"\n{code}\n}} }}"
+        ))
+    }
+
+    /// A file in conf/.
+    pub fn file(mut self, name: &str, body: &str) -> Case {
+        self.files.push((name.to_string(), body.to_string()));
+        self
+    }
+
+    pub fn workers(mut self, n: usize) -> Case {
+        self.workers = n;
+        self
+    }
+
+    /// GET `path` answers `status` with the body `want` (whole; a `*`
+    /// stands for any run of characters).
+    pub fn get(self, path: &str, status: u16, want: &str) -> Case {
+        self.request("GET", path, b"", status, want)
+    }
+
+    /// POST `body` to `path`, as `get`.
+    pub fn post(self, path: &str, body: &[u8], status: u16, want: &str) -> Case {
+        self.request("POST", path, body, status, want)
+    }
+
+    fn request(
+        mut self,
+        method: &'static str,
+        path: &str,
+        body: &[u8],
+        status: u16,
+        want: &str,
+    ) -> Case {
+        self.exchanges.push(Exchange {
+            method,
+            path: path.to_string(),
+            body: body.to_vec(),
+            status,
+            want: want.to_string(),
+        });
+        self
+    }
+
+    /// A line matching `pattern` (see `matches`) shows in the error log
+    /// (within 5 s of the last response).
+    pub fn log_line(mut self, pattern: &str) -> Case {
+        self.log_lines.push(pattern.to_string());
+        self
+    }
+
+    /// A line at level error or above matching `pattern` shows in the
+    /// error log, and is let through: the case provokes it.
+    pub fn error_line(mut self, pattern: &str) -> Case {
+        self.error_lines.push(pattern.to_string());
+        self
+    }
+
+    /// The whole http block: the directives and the server.
+    pub fn http_block(&self) -> String {
+        format!(
+            "{}\n    server {{\n        listen 127.0.0.1:$PORT;\n{}\n    }}\n",
+            self.http, self.server
+        )
+    }
+
+    /// Starts nginx with the case's configuration, expecting its error
+    /// lines; sends nothing.
+    pub fn start(&self) -> Nginx {
+        let files: Vec<(&str, &str)> = self
+            .files
+            .iter()
+            .map(|(n, b)| (n.as_str(), b.as_str()))
+            .collect();
+        let mut n = Nginx::start_with(self.workers, &self.main, &self.http_block(), &files);
+        n.expected_errors = self.error_lines.clone();
+        n
+    }
+
+    /// Starts nginx, makes each request in turn and checks its response,
+    /// then the log: every expected line is there, and no other line at
+    /// level error or above. Returns nginx for more checks.
+    pub fn run(self) -> Nginx {
+        let n = self.start();
+        self.check(&n);
+        n
+    }
+
+    /// The case's exchanges and log checks against a running `n`.
+    pub fn check(&self, n: &Nginx) {
+        for e in &self.exchanges {
+            let r = request(n.port, e.method, &e.path, &[], &e.body);
+            assert!(
+                r.status == e.status && matches_whole(&r.text(), &e.want),
+                "{} {}: got {} {:?}, want {} {:?}\nerror.log:\n{}",
+                e.method,
+                e.path,
+                r.status,
+                r.text(),
+                e.status,
+                e.want,
+                n.error_log()
+            );
+        }
+        for p in self.log_lines.iter().chain(&self.error_lines) {
+            let seen = eventually(Duration::from_secs(5), || {
+                n.error_log().lines().any(|l| matches(l, p))
+            });
+            assert!(
+                seen,
+                "no line matching {p:?} in error.log:\n{}",
+                n.error_log()
+            );
+        }
+        n.assert_clean_log();
     }
 }
 

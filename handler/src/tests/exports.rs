@@ -96,7 +96,8 @@ fn start(config: Option<&str>) -> (c_int, *mut c_void, Vec<u8>) {
     };
     let mut state = ptr::null_mut();
     let mut err = Out::new(usize::MAX);
-    // SAFETY: as the module calls it.
+    // SAFETY: init, its strings and log_fn outlive the call; state and err are
+    // writable, as the module passes them.
     let rc = unsafe { ngx_threadpool_init(&init, &mut state, err.ptr()) };
     (rc, state, err.buf)
 }
@@ -105,7 +106,8 @@ fn start(config: Option<&str>) -> (c_int, *mut c_void, Vec<u8>) {
 fn run(state: *mut c_void, p: &[u8], flag: &AtomicBool, limit: usize) -> (c_int, Vec<u8>) {
     let raw = raw_task(p, &[], flag);
     let mut out = Out::new(limit);
-    // SAFETY: as the module calls it.
+    // SAFETY: state is what ngx_threadpool_init made; raw's payload and flag
+    // outlive the call, and out is an empty writer, as the module passes them.
     let rc = unsafe { ngx_threadpool_process(state, &raw.raw, out.ptr()) };
     (rc, out.buf)
 }
@@ -176,7 +178,8 @@ fn a_state_serves_tasks_and_survives_panics() {
     assert_eq!(error_text(&out), "results too large (or out of memory)");
 
     lines();
-    // SAFETY: as the module calls it, once.
+    // SAFETY: state is what ngx_threadpool_init made, freed only here, once,
+    // as the module frees it.
     unsafe { ngx_threadpool_free(state) };
     assert_eq!(lines(), [(level::INFO, "dropped after 5".to_string())]);
 }
@@ -196,7 +199,8 @@ fn a_panic_in_drop_is_logged() {
     let (rc, state, _) = start(Some("panic in drop"));
     assert_eq!(rc, status::OK);
     lines();
-    // SAFETY: as the module calls it, once.
+    // SAFETY: state is what ngx_threadpool_init made, freed only here, once,
+    // as the module frees it.
     unsafe { ngx_threadpool_free(state) };
     assert_eq!(
         lines(),
