@@ -83,10 +83,13 @@ fuzz: deps
 		random_calls_leave_the_worker_alive_serving_and_flat --nocapture
 	FUZZ_INPUTS=$(FUZZ_INPUTS) cargo test --release --test fuzz -- --exact fuzz --nocapture
 
+# rustfmt, clippy, luacheck, and the docs: links, and a reference entry for
+# every directive and Lua function (docs/check.py).
 lint: deps
 	cargo fmt --all --check
 	cargo clippy --release --all-targets --workspace -- -D warnings
 	luacheck --no-color $(LUA_SOURCES)
+	/usr/bin/python3 -B docs/check.py
 
 # nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.
 run: build images
@@ -177,7 +180,7 @@ valgrind: build
 # One nginx with 2 workers and every feature at once under a bounded
 # loopback load, a reload every 30 s, for MINUTES minutes: writes
 # bench/SOAK.md and bench/soak.png, exits non-zero on a lost or unexpected
-# answer, a crash line or growth past its bounds (README, "Soak").
+# answer, a crash line or growth past its bounds (docs/testing.md, "Soak").
 MINUTES ?= 30
 soak: build bench-deps
 	/usr/bin/python3 -B soak/soak.py --minutes $(MINUTES)

@@ -250,7 +250,7 @@ def write(meta, results):
         "talk's \"as many workers as threads\" (120 against 20 x 6), so that both have "
         "the same capacity.",
         "- Thread + gate: `thread_pool_accept_gate on;` with its default marks (pause "
-        "at 12 outstanding tasks, resume at 6, from 6 threads); see the README.",
+        "at 12 outstanding tasks, resume at 6, from 6 threads); see docs/directives.md.",
         f"- The task sleeps {meta['service_ms']} ms in `usleep` (through `ffi.C.usleep`): "
         "it simulates service time, not CPU, so that 24 busy threads fit on 2 cores. "
         f"Capacity: 24 / {meta['service_ms']} ms = {capacity:.0f} tasks/s. In Direct mode "

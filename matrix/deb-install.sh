@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the package `make deb` built for this release into the system's
-# own nginx (/etc/nginx as Debian ships it), serves the README's example
+# own nginx (/etc/nginx as Debian ships it), serves docs/configuration.md's example
 # (nginx-conf/debian/) through it on 127.0.0.1:8080, then purges the
 # package and the example again. For a machine or chroot that is there to
 # be tried on: it starts and stops the system's nginx.

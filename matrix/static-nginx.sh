@@ -8,7 +8,7 @@
 # version is built beside it. Prints the nginx binary's path, DIR/sbin/nginx;
 # DIR/src is the pristine nginx tree with a conf_flags file holding the
 # binary's `nginx -V` flags, as an OpenResty user would build the module
-# against (README, "A custom nginx build"): NGX_SRC=DIR/src.
+# against (docs/installation.md, "A custom nginx build"): NGX_SRC=DIR/src.
 set -euo pipefail
 
 cache=${NGX_TP_STATIC_CACHE:-/var/cache/ngx-threadpool/static}

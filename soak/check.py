@@ -2,7 +2,7 @@
 the request outcomes, as pure functions of what soak.py collected (so
 that soak/test_soak.py can check them without nginx).
 
-The bounds and why they are what they are: README.md, "Soak".
+The bounds and why they are what they are: docs/testing.md, "Soak".
 """
 
 import re

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 MIB = 1024 * 1024
-# What push_task lets cross in one call (README: 16 MiB per call).
+# What push_task lets cross in one call (docs/lua-api.md: 16 MiB per call).
 LIMIT = 16 * MIB
 # How long a client waits for an answer before the request counts as lost.
 ANSWER_TIMEOUT = 60.0

@@ -158,7 +158,7 @@ def render(res, out_dir):
            "No unexpected outcome, no lost request, no fatal or unexpected log line, "
            "every resource bound held."),
         "",
-        f"Written by `make soak` (soak/soak.py; README, \"Soak\") on {res['started']}: "
+        f"Written by `make soak` (soak/soak.py; docs/testing.md, \"Soak\") on {res['started']}: "
         f"{res['seconds']} s, a reload (HUP) every {res['reload_every']:.0f} s "
         f"({len(reloads)} reloads, new workers serving after "
         + (f"{min(took):.2f}–{max(took):.2f} s" if took else "—")

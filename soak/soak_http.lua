@@ -11,7 +11,7 @@ local random = math.random
 local spawn, wait = ngx.thread.spawn, ngx.thread.wait
 local tostring, type = tostring, type
 
--- Over this, a value does not cross (README: 16 MiB per call).
+-- Over this, a value does not cross (docs/lua-api.md: 16 MiB per call).
 local LIMIT = 16 * 1024 * 1024
 
 local _M = {}

@@ -410,8 +410,14 @@ fn each_worker_has_its_own_pool() {
         "both workers answer with their pool"
     );
     for pid in workers {
+        // the event loop, the pool's threads and the slow-task watchdog; a
+        // thread takes its name once it runs, which on a busy machine may
+        // be after the worker answered with another thread
+        common::eventually(Duration::from_secs(10), || {
+            let names = thread_names(pid);
+            names.len() == 5 && names.iter().filter(|n| *n == "tp wpool").count() == 3
+        });
         let names = thread_names(pid);
-        // the event loop, the pool's threads and the slow-task watchdog
         assert_eq!(names.len(), 5, "worker {pid}: {names:?}");
         assert_eq!(
             names.iter().filter(|n| *n == "tp wpool").count(),

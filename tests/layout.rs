@@ -234,3 +234,157 @@ fn unsafe_count_sees_what_holds_code_and_nothing_else() {
     "#;
     assert_eq!(unsafe_count(code), 6);
 }
+
+/// The module path of a file relative to src/ (`worker/mod.rs` is
+/// `worker`, `lib.rs` the crate's root, "").
+fn module_of(file: &str) -> String {
+    let path = file.trim_end_matches(".rs");
+    let path = path.trim_end_matches("/mod").trim_end_matches("mod");
+    if path == "lib" {
+        String::new()
+    } else {
+        path.trim_end_matches('/').replace('/', "::")
+    }
+}
+
+/// The files `code` (the file `file`) refers to by a path: `crate::a::b`
+/// and, in a folder's mod.rs, its own children (`use a::b`), each resolved
+/// to the longest prefix that is a module of `files`. `super::` is left
+/// out: a child reaching its folder's mod.rs is how a folder is built,
+/// and inside `mod tests` it means the file itself.
+fn imports(file: &str, code: &str, files: &BTreeSet<String>) -> BTreeSet<String> {
+    let by_module: std::collections::BTreeMap<String, &String> =
+        files.iter().map(|f| (module_of(f), f)).collect();
+    let here = module_of(file);
+    let is_folder = file.ends_with("mod.rs") || file == "lib.rs";
+    let mut out = BTreeSet::new();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    for line in code.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        for (i, _) in code.match_indices("::") {
+            // the whole path this `::` belongs to, once: from its start
+            let start = code[..i]
+                .rfind(|c: char| !(ident(c) || c == ':'))
+                .map_or(0, |s| s + 1);
+            if code[start..i].contains("::") {
+                continue;
+            }
+            let path: String = code[start..]
+                .chars()
+                .take_while(|&c| ident(c) || c == ':')
+                .collect();
+            let mut words: Vec<&str> = path.split("::").filter(|w| !w.is_empty()).collect();
+            let base = match words.first() {
+                Some(&"crate") => String::new(),
+                Some(w) if is_folder && by_module.contains_key(&join(&here, w)) => {
+                    words.insert(0, "self");
+                    here.clone()
+                }
+                _ => continue,
+            };
+            let mut target = None;
+            let mut module = base;
+            for w in &words[1..] {
+                module = join(&module, w);
+                match by_module.get(&module) {
+                    Some(f) => target = Some((*f).clone()),
+                    None => break,
+                }
+            }
+            if let Some(t) = target.filter(|t| t != file) {
+                out.insert(t);
+            }
+        }
+    }
+    out
+}
+
+fn join(module: &str, word: &str) -> String {
+    if module.is_empty() {
+        word.to_string()
+    } else {
+        format!("{module}::{word}")
+    }
+}
+
+/// Pairs of files of src/ that import each other, directly or through
+/// others: each cycle of the import graph, as the files on it.
+fn import_cycles() -> Vec<Vec<String>> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let set: BTreeSet<String> = files.iter().cloned().collect();
+    let graph: std::collections::BTreeMap<String, BTreeSet<String>> = files
+        .iter()
+        .map(|f| {
+            let code = std::fs::read_to_string(src().join(f)).unwrap();
+            (f.clone(), imports(f, &code, &set))
+        })
+        .collect();
+    // a file is on a cycle when it reaches itself; its cycle is the files
+    // that both reach it and are reached from it
+    let reach = |from: &String| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(f) = todo.pop() {
+            for g in &graph[&f] {
+                if seen.insert(g.clone()) {
+                    todo.push(g.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: std::collections::BTreeMap<&String, BTreeSet<String>> =
+        files.iter().map(|f| (f, reach(f))).collect();
+    let mut cycles: Vec<Vec<String>> = Vec::new();
+    for f in &files {
+        if !reached[f].contains(f) || cycles.iter().any(|c| c.contains(f)) {
+            continue;
+        }
+        let cycle = reached[f]
+            .iter()
+            .filter(|g| reached[g].contains(f))
+            .cloned()
+            .collect();
+        cycles.push(cycle);
+    }
+    cycles
+}
+
+#[test]
+fn no_two_files_import_each_other() {
+    let cycles = import_cycles();
+    assert!(
+        cycles.is_empty(),
+        "files of src/ that import each other: {cycles:?}"
+    );
+}
+
+#[test]
+fn imports_are_read_from_crate_super_and_child_paths() {
+    let files: BTreeSet<String> = [
+        "lib.rs",
+        "worker/mod.rs",
+        "worker/tasks.rs",
+        "pool/thread.rs",
+    ]
+    .map(String::from)
+    .into();
+    let got = |file: &str, code: &str| imports(file, code, &files).into_iter().collect::<Vec<_>>();
+    assert_eq!(
+        got("pool/thread.rs", "use crate::worker::tasks::{A, B};"),
+        ["worker/tasks.rs"]
+    );
+    assert_eq!(
+        got("pool/thread.rs", "let x = crate::worker::with_worker(f);"),
+        ["worker/mod.rs"]
+    );
+    assert!(got("worker/tasks.rs", "use super::Thing;").is_empty());
+    assert!(got("worker/tasks.rs", "use crate::{worker, pool};").is_empty());
+    assert_eq!(
+        got("worker/mod.rs", "use tasks::Tasks;"),
+        ["worker/tasks.rs"]
+    );
+    assert!(got("worker/tasks.rs", "// crate::pool::thread in a comment").is_empty());
+    assert!(got("worker/tasks.rs", "use std::sync::Arc;").is_empty());
+}

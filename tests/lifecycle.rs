@@ -107,7 +107,7 @@ fn assert_threads(pids: &BTreeSet<u32>, slow_threads: usize) {
     // the event loop, the pools' threads and the slow-task watchdog
     let want = 1 + slow_threads + IO_THREADS + 1;
     for &pid in pids {
-        let ok = eventually(Duration::from_secs(5), || {
+        let ok = eventually(Duration::from_secs(10), || {
             thread_count(pid) == want && named_threads(pid, "tp slow_pool") == slow_threads
         });
         assert!(

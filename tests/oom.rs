@@ -31,7 +31,7 @@ local function table_of_tables()
 end
 
 -- Interpreted: a memory error raised in a compiled trace of these puts
--- crashes LuaJIT 2.1-20230119, on the event loop too (README, Isolation).
+-- crashes LuaJIT 2.1-20230119, on the event loop too (docs/isolation.md).
 local function buffers()
     local list
     while true do
@@ -189,7 +189,7 @@ fn a_caught_memory_error_still_fails_the_task_and_rebuilds_the_state() {
 /// For comparison, the same Lua on the event loop: LuaJIT raises its
 /// memory error in the request's Lua, which catches it here and collects
 /// the garbage that fills the memory (until then, lua-nginx-module's own
-/// allocations for other requests fail: README, Isolation), and the
+/// allocations for other requests fail: docs/isolation.md), and the
 /// process serves on.
 #[test]
 fn on_the_event_loop_lua_gets_its_memory_error() {

@@ -1,9 +1,9 @@
 //! The Debian package (`make package`, which `make deb` runs): its files,
 //! its dependencies, its maintainer scripts, and the module it installs
-//! running in Debian's stock configuration layout with the README's
-//! example (nginx-conf/debian/). Nothing is installed on the machine: the
-//! package is extracted under a temporary prefix and /etc/nginx copied
-//! there.
+//! running in Debian's stock configuration layout with the example of
+//! docs/configuration.md (nginx-conf/debian/). Nothing is installed on the
+//! machine: the package is extracted under a temporary prefix and
+//! /etc/nginx copied there.
 
 mod common;
 use common::*;
@@ -293,9 +293,9 @@ fn stock_layout(dir: &Path) {
     .unwrap();
 }
 
-/// The README's example (nginx-conf/debian/: one conf.d snippet) in the
-/// layout, with its paths and port rewritten; the package's Lua files come
-/// first in the path.
+/// docs/configuration.md's example (nginx-conf/debian/: one conf.d
+/// snippet) in the layout, with its paths and port rewritten; the
+/// package's Lua files come first in the path.
 fn example(dir: &Path, port: u16) {
     let src = repo().join("nginx-conf/debian");
     let site = std::fs::read_to_string(src.join("threadpool.conf")).unwrap();

@@ -375,7 +375,7 @@ function Pool.post_task(self, ...)
     return refused(rc, err, "post_task")
 end
 
--- This worker's counters of the pool: a table (see the README), or nil
+-- This worker's counters of the pool: a table (see docs/lua-api.md), or nil
 -- and an error outside a worker process.
 function Pool.stats(self)
     check_self(self, "stats")

@@ -171,7 +171,10 @@ fn stream_chunks(s: &mut Settings, _cf: Conf, args: &[&[u8]]) -> Result<(), Conf
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
         .filter(|n| (1..=STREAM_CHUNKS_MAX).contains(n))
-        .ok_or_else(|| ConfError::BadStreamChunks(lossy(args[0])))?;
+        .ok_or_else(|| ConfError::BadStreamChunks {
+            arg: lossy(args[0]),
+            max: STREAM_CHUNKS_MAX,
+        })?;
     Ok(())
 }
 

@@ -6,6 +6,11 @@
 use crate::codec;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// What a push with a deadline gets when the pool cannot be expected to
+/// finish it in time: at once, or from a thread that found its deadline
+/// too close to start it.
+pub const OVERLOADED: &str = "overloaded";
+
 /// Whether a task's caller gave up (timeout, request gone, its batch
 /// timed out): its result will be dropped, so its handler may stop. Set by
 /// the event loop when the caller lets go of a task that has not finished

@@ -1,11 +1,7 @@
 //! Why the worker could not do what was asked.
 
+pub use crate::handoff::outcome::OVERLOADED;
 use std::fmt;
-
-/// What a push with a deadline gets when the pool cannot be expected to
-/// finish it in time: at once, or from a thread that found its deadline
-/// too close to start it.
-pub const OVERLOADED: &str = "overloaded";
 
 #[derive(Debug)]
 pub enum WorkerError {

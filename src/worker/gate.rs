@@ -3,9 +3,10 @@
 //! kernel hands them to the other workers, and accepts again once it has
 //! caught up.
 //!
-//! A worker's load is its tasks queued or running (pushed and posted, until
-//! their completion is drained, so a task whose caller timed out or went
-//! away still counts while a thread runs it) plus the connections it
+//! A worker's load is its pushed tasks queued or running (until their
+//! completion is drained, so a task whose caller timed out or went away
+//! still counts while a thread runs it; a posted task sends no completion
+//! to count it out, so it does not count) plus the connections it
 //! accepted that have not pushed a task yet (until their first push, their
 //! first request's log phase, or their close): a burst of accepts counts
 //! before its tasks arrive.

@@ -1,5 +1,5 @@
 //! Values that cannot cross and payloads that are wrong: the messages
-//! the caller gets (README, "Values that cross"), never a panic.
+//! the caller gets (docs/lua-api.md, "Values that cross"), never a panic.
 
 use super::*;
 
