@@ -109,6 +109,8 @@ run: build images
 	@echo "  curl \"http://127.0.0.1:8080/waf-inline/?q=hello\"    the WAF on the event loop"
 	@echo "  curl \"http://127.0.0.1:8080/waf-rust/?q=<script>\"   the same rules in Rust (and /metrics: the shadow's counts)"
 	@echo "  http://127.0.0.1:8080/thumbs.html            thumbnails by ImageMagick in a pool thread and inline"
+	@echo "  curl -so /dev/null -w '%{time_starttransfer} %{time_total}\\n' 'http://127.0.0.1:8080/gzip?mb=64'"
+	@echo "       64 MiB gzipped in a pool thread, streamed as it is made (/gzip-whole: returned whole)"
 	@echo "  curl http://127.0.0.1:8080/metrics           the pools' and the accept gate's metrics"
 	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
 
@@ -164,7 +166,8 @@ fairness: build bench-deps
 
 # Requests ending under their tasks (tests/lifetime.rs, scenarios a-d; the
 # abort paths of a C and a Rust native pool, tests/native.rs and
-# tests/rust_handler.rs) in one nginx process under valgrind's memcheck;
+# tests/rust_handler.rs; streams whose caller goes away, tests/stream.rs)
+# in one nginx process under valgrind's memcheck;
 # fails on any memory error or definite leak not in tests/valgrind.supp.
 # A few minutes; not part of make test.
 valgrind: build
@@ -172,6 +175,7 @@ valgrind: build
 	cargo test --release --test lifetime -- --ignored --nocapture abort_scenarios_under_valgrind
 	cargo test --release --test native -- --ignored --nocapture native_abort_scenarios_under_valgrind
 	cargo test --release --test rust_handler -- --ignored --nocapture rust_abort_scenarios_under_valgrind
+	cargo test --release --test stream -- --ignored --nocapture stream_endings_under_valgrind
 
 # One nginx with 2 workers and every feature at once under a bounded
 # loopback load, a reload every 30 s, for MINUTES minutes: writes

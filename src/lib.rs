@@ -19,8 +19,8 @@
 //!   errors (`error.rs`).
 //! - `handoff/`: what crosses between the two sides. A push's work and its
 //!   task handle (`job.rs`), encoded values (`payload.rs`), cancellation and
-//!   outcome (`outcome.rs`), the adaptive poll both sides wait with
-//!   (`spin.rs`).
+//!   outcome (`outcome.rs`), a stream's chunks (`stream.rs`), the adaptive
+//!   poll both sides wait with (`spin.rs`).
 //! - `pool/`: the pool threads' side. The thread loop (`thread.rs`), the
 //!   seam over the two kinds of handler (`handler.rs`), shadow comparison
 //!   (`shadow.rs`: POOL's half, `compare.rs`: SHADOW's half), the watchdog
@@ -45,6 +45,7 @@
 //! | `conf/` | `mod.rs` | the setters nginx calls with its configuration; the main conf in a cycle |
 //! | `api/` | `functions.rs` `status.rs` | the shim's C functions on the caller's Lua stack; the status handler |
 //! | `worker/` | `mod.rs` `start.rs` `stats.rs` `tasks.rs` | task lists in a request's pool, init_process, counters in shared memory |
+//! | `handoff/` | `stream.rs` | the stream of the task a pool thread runs, which its handler's sends reach |
 //! | `pool/` | `compare.rs` `handler.rs` `shadow.rs` `thread.rs` | a task's borrowed bytes (spans), alive until its completion |
 //! | `vm/` | `cancel.rs` `mod.rs` `task.rs` | the protected calls' C functions on a thread's Lua state |
 //! | `native/` | `library.rs` `mod.rs` | the handler library's C functions |

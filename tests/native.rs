@@ -167,10 +167,10 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
             ),
         ),
         (
-            libs.build("abi2", &["-DABI=2"]),
+            libs.build("abi3", &["-DABI=3"]),
             format!(
-                "cannot load \"{}\": it is built for handler ABI version 2, this module runs version 1",
-                libs.dir.join("abi2.so").display()
+                "cannot load \"{}\": it is built for handler ABI version 3, this module runs versions 1 to 2",
+                libs.dir.join("abi3.so").display()
             ),
         ),
     ];

@@ -32,8 +32,10 @@
 extern "C" {
 #endif
 
-/* What ngx_threadpool_abi_version must return. */
-#define NGX_THREADPOOL_ABI_VERSION 1
+/* What ngx_threadpool_abi_version returns. Version 2 added send and
+ * receive to ngx_tp_task_t; the module loads libraries of versions 1 and
+ * 2 (a version 1 library never reads the fields it does not know). */
+#define NGX_THREADPOOL_ABI_VERSION 2
 
 /* The msgpack ext type of a borrowed string. */
 #define NGX_TP_EXT_BORROWED 1
@@ -49,6 +51,11 @@ extern "C" {
 #define NGX_TP_OK     0   /* out holds the results payload */
 #define NGX_TP_ERROR  1   /* out holds an error payload: one value, the
                              caller gets nil and that value */
+
+/* Further return codes of a task's send and receive (streams). */
+#define NGX_TP_CANCELLED 2  /* the caller let go of the stream */
+#define NGX_TP_END       3  /* receive: the caller's input ended */
+#define NGX_TP_NO_STREAM 4  /* the task was not pushed with push_stream */
 
 /* Log levels, nginx's (NGX_LOG_ERR ... NGX_LOG_DEBUG). */
 #define NGX_TP_LOG_ERR    4
@@ -95,6 +102,21 @@ typedef struct ngx_tp_task_s {
      * once. Cheap: an atomic load. */
     int (*cancelled)(const struct ngx_tp_task_s *task);
     const void *module;           /* the module's; do not touch */
+    /* Version 2, streams (push_stream). send hands one chunk to the
+     * stream's reader: a payload of one value (n = 1, as results), which
+     * the module copies. It waits in this thread while the stream's bound
+     * of chunks are unread. NGX_TP_OK; NGX_TP_CANCELLED at once once the
+     * caller let go (cancelled() is then non-zero: return); NGX_TP_ERROR
+     * for a payload over the module's limit; NGX_TP_NO_STREAM. */
+    int (*send)(const struct ngx_tp_task_s *task,
+                const unsigned char *payload, size_t len);
+    /* receive writes the caller's next chunk (stream:write()) to out, a
+     * payload of one value, waiting for it in this thread: NGX_TP_OK;
+     * NGX_TP_END once the caller's input ended (stream:close_write())
+     * and every chunk was received; NGX_TP_CANCELLED at once once the
+     * caller let go; NGX_TP_ERROR when out refused the bytes;
+     * NGX_TP_NO_STREAM. Nothing is written but on NGX_TP_OK. */
+    int (*receive)(const struct ngx_tp_task_s *task, ngx_tp_out_t *out);
 } ngx_tp_task_t;
 
 /* The four exports of a handler library, each declared through its

@@ -65,6 +65,11 @@ pub struct ngx_tp_task_t {
     pub cancelled: unsafe extern "C" fn(task: *const ngx_tp_task_t) -> c_int,
     /// The module's; not touched here.
     pub module: *const c_void,
+    /// Hands one chunk (a payload of one value) to the stream's reader.
+    pub send:
+        unsafe extern "C" fn(task: *const ngx_tp_task_t, payload: *const u8, len: usize) -> c_int,
+    /// Writes the caller's next chunk to `out`.
+    pub receive: unsafe extern "C" fn(task: *const ngx_tp_task_t, out: *mut ngx_tp_out_t) -> c_int,
 }
 
 /// The bytes of `b`.

@@ -22,7 +22,7 @@ pub use handler::Handler;
 pub use init::Init;
 pub use results::{IntoResults, ValueList, Values};
 pub use serde_bytes;
-pub use task::{ArgError, Task};
+pub use task::{ArgError, StreamError, Task};
 
 /// An error of any type, for [`Handler::process`] and [`Handler::init`] to
 /// return with `?` ([`ArgError`], I/O errors, `String`s and `&str`s
@@ -32,7 +32,8 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The version of the C ABI (`include/ngx_threadpool.h`'s
 /// `NGX_THREADPOOL_ABI_VERSION`) this crate implements: what
 /// `ngx_threadpool_abi_version` returns. The module refuses a library
-/// built for another one.
+/// built for a version it does not know (it loads 1 and 2; 2 added
+/// streams: [`Task::send`], [`Task::receive`]).
 pub const ABI_VERSION: u32 = ngx_threadpool_wire::ABI_VERSION;
 
 /// Makes a [`Handler`] the library's four C exports; once per library, at

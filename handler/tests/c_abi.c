@@ -46,6 +46,21 @@ cancelled(const ngx_tp_task_t *task)
     return *(const int *) task->module;
 }
 
+/* A task pushed otherwise than by push_stream. */
+static int
+no_stream_send(const ngx_tp_task_t *task, const unsigned char *p, size_t len)
+{
+    (void) task; (void) p; (void) len;
+    return NGX_TP_NO_STREAM;
+}
+
+static int
+no_stream_receive(const ngx_tp_task_t *task, ngx_tp_out_t *out)
+{
+    (void) task; (void) out;
+    return NGX_TP_NO_STREAM;
+}
+
 static void
 print_payload(const char *what, int rc, out_buf_t *o)
 {
@@ -92,7 +107,8 @@ main(int argc, char **argv)
     ngx_tp_bytes_t spans[] = { { (const unsigned char *) "hello", 5 } };
     int flag = 1;
     ngx_tp_task_t task = {
-        { args, sizeof(args) }, spans, 1, cancelled, &flag
+        { args, sizeof(args) }, spans, 1, cancelled, &flag,
+        no_stream_send, no_stream_receive
     };
     rc = process(state, &task, &o.out);
     print_payload("process", rc, &o);

@@ -75,7 +75,7 @@ fn a_c_program_drives_the_exports_through_the_header() {
     ]
     .concat();
     let want = format!(
-        "abi 1\n\
+        "abi 2\n\
          log L 7 cpool #2 config Some(\"c\")\n\
          init 0 \n\
          log L 5 task 1\n\

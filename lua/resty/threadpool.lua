@@ -22,7 +22,7 @@ local type = type
 local floor = math.floor
 
 -- The module's C functions on this VM's stack (src/api/functions.rs).
-local API_VERSION = 12
+local API_VERSION = 13
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -45,6 +45,11 @@ local c_release = core.release
 local c_reap = core.reap
 local c_pool_id = core.pool_id
 local c_stats = core.stats
+local c_push_stream = core.push_stream
+local c_read = core.read
+local c_close = core.close
+local c_write = core.write
+local c_close_write = core.close_write
 
 local FFI_OK = 0
 local FFI_DECLINED = -5
@@ -153,7 +158,11 @@ local SHADOW_AT = #COUNTERS + 2 * (#BOUNDS + 1)
 -- then the estimates of deadline-aware admission, in µs, as seconds
 local ESTIMATES = { "expected_wait", "run_estimate" }
 local ESTIMATES_AT = SHADOW_AT + #SHADOW
-local STATS_LEN = ESTIMATES_AT + #ESTIMATES
+-- then the stream counters, as stream_<name> (streams: as it is)
+local STREAM = { "streams", "chunks_out", "bytes_out", "chunks_in",
+                 "bytes_in", "send_wait_us" }
+local STREAM_AT = ESTIMATES_AT + #ESTIMATES
+local STATS_LEN = STREAM_AT + #STREAM
 
 local function histogram(counters, offset)
     local buckets = new_tab(#BOUNDS, 0)
@@ -169,6 +178,15 @@ end
 
 local Pool = {}
 Pool.__index = Pool
+
+-- A stream (push_stream): read by the coroutine that pushed it.
+local Stream = {}
+Stream.__index = Stream
+
+-- read's first value (src/api/functions.rs): a chunk follows, or the end.
+local READ_CHUNK = 1
+local READ_DONE = 2
+local MAX_CHUNKS = 65536
 
 -- A method called on something else than a pool (pool.push_task(...)):
 -- only a pool has Pool as its metatable.
@@ -209,6 +227,133 @@ function Pool.push_tasks_timeout(self, seconds, list)
     return push_batch(self, timeout_ms(seconds), true, list)
 end
 
+-- What a stream's read or write returns for what its C function gave
+-- (the module's code, then values): a chunk; at the end (s.done), the
+-- handler's return values or nil and its error; true once written; after
+-- a wait, the call again (true) or the timeout, which cancels the handler
+-- (false); else nil and the message. `chunk` is write's, nil for a read.
+local function stream_result(s, api, ms, chunk, rc, ...)
+    if rc == READ_CHUNK then
+        return ...
+    end
+    if rc == READ_DONE then
+        s.done = true
+        return ...
+    end
+    if rc == FFI_OK then
+        return true
+    end
+    if rc == true then
+        if api == "read" then
+            return stream_result(s, api, ms, nil, c_read(s.id, ms))
+        end
+        return stream_result(s, api, ms, chunk, c_write(s.id, ms, true, chunk))
+    end
+    if rc == false then
+        s.done = true
+        c_close(s.id, true)
+        return nil, ...
+    end
+    if rc == FFI_BAD_CONTEXT then
+        bad_context(api)
+    end
+    return nil, ...
+end
+
+local function push_stream(pool, chunks, ...)
+    local id, err = c_push_stream(pool.id, chunks, ...)
+    if type(id) == "number" and id > 0 then
+        return setmetatable({ id = id, done = false,
+                              timeout_ms = pool.timeout_ms }, Stream)
+    end
+    return refused(id, err, "push_stream")
+end
+
+-- Runs the pool's handler with the given arguments in a pool thread as a
+-- stream: its chunks (resty.threadpool's send() in the handler) come with
+-- s:read(), at most the pool's thread_pool_stream_chunks unread, then its
+-- return values. Returns the stream at once, or nil and an error.
+function Pool.push_stream(self, ...)
+    check_self(self, "push_stream")
+    return push_stream(self, 0, ...)
+end
+
+-- As push_stream, with options: chunks (the most unread chunks, 1 to
+-- 65536) and timeout (the default of each read, in seconds).
+function Pool.push_stream_opts(self, opts, ...)
+    check_self(self, "push_stream_opts")
+    if type(opts) ~= "table" then
+        error("bad opts: expected a table", 2)
+    end
+    local chunks = opts.chunks or 0
+    if chunks ~= 0 and (type(chunks) ~= "number" or chunks ~= floor(chunks)
+                        or chunks < 1 or chunks > MAX_CHUNKS) then
+        error("bad opts.chunks: expected a whole number from 1 to "
+              .. MAX_CHUNKS, 2)
+    end
+    local s, err = push_stream(self, chunks, ...)
+    if s and opts.timeout ~= nil then
+        s.timeout_ms = timeout_ms(opts.timeout)
+    end
+    return s, err
+end
+
+local function check_stream(s, method)
+    if getmetatable(s) ~= Stream then
+        error("bad self: call it as stream:" .. method .. "(...)", 3)
+    end
+end
+
+-- The next chunk the handler sent, in order, waiting for it at most
+-- timeout seconds (the stream's default if nil); once every chunk was
+-- read, the handler's return values (or nil and its error), and s.done
+-- is true. A timeout gives nil, "timeout" and cancels the handler.
+function Stream.read(self, seconds)
+    check_stream(self, "read")
+    if self.done then
+        return nil, "stream closed"
+    end
+    local ms = self.timeout_ms
+    if seconds ~= nil then
+        ms = timeout_ms(seconds)
+    end
+    return stream_result(self, "read", ms, nil, c_read(self.id, ms))
+end
+
+-- Writes one chunk (any value but nil that an argument may be) to the
+-- handler, which takes it with receive(): true, or nil and an error. At
+-- most the stream's bound of chunks wait unread: then the write waits for
+-- room (at most the stream's timeout, after which the handler is
+-- cancelled), or, with nowait, fails at once with "stream input full".
+function Stream.write(self, chunk, nowait)
+    check_stream(self, "write")
+    if self.done then
+        return nil, "stream closed"
+    end
+    local ms = self.timeout_ms
+    return stream_result(self, "write", ms, chunk,
+                         c_write(self.id, ms, not nowait, chunk))
+end
+
+-- The last chunk was written: the handler's receive() gives nil after the
+-- chunks.
+function Stream.close_write(self)
+    check_stream(self, "close_write")
+    if not self.done then
+        c_close_write(self.id)
+    end
+end
+
+-- Lets go of the stream before its end: a running handler is cancelled
+-- (its send() fails at once) and unread chunks are dropped.
+function Stream.close(self)
+    check_stream(self, "close")
+    if not self.done then
+        self.done = true
+        c_close(self.id, false)
+    end
+end
+
 -- Sets the default timeout in seconds of push_task on this pool, in this
 -- worker (60 seconds to start with, or the pool's thread_pool_deadline,
 -- which it then replaces as the default deadline).
@@ -241,7 +386,7 @@ function Pool.stats(self)
         end
         return nil, "no stats outside a worker process"
     end
-    local t = new_tab(0, #COUNTERS + #SHADOW + #ESTIMATES + 3)
+    local t = new_tab(0, #COUNTERS + #SHADOW + #ESTIMATES + #STREAM + 3)
     for i = 1, #COUNTERS do
         t[COUNTERS[i]] = counters[i]
     end
@@ -251,6 +396,12 @@ function Pool.stats(self)
     for i = 1, #ESTIMATES do
         t[ESTIMATES[i]] = counters[ESTIMATES_AT + i] / 1e6
     end
+    t.streams = counters[STREAM_AT + 1]
+    for i = 2, #STREAM - 1 do
+        t["stream_" .. STREAM[i]] = counters[STREAM_AT + i]
+    end
+    -- seconds, as the histograms' sums
+    t.stream_send_wait = counters[STREAM_AT + #STREAM] / 1e6
     t.in_flight = t.queued + t.busy
     t.wait = histogram(counters, #COUNTERS)
     t.run = histogram(counters, #COUNTERS + #BOUNDS + 1)

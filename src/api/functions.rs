@@ -31,12 +31,14 @@
 
 use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
+use crate::handoff::job::TaskId;
 use crate::handoff::payload::{Args, Payload};
+use crate::handoff::stream::Written;
 use crate::lua::stack;
 use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
 use crate::ngx::shim::{ErrOut, Request};
-use crate::worker::tasks::{Caller, Release, RequestTasks};
+use crate::worker::tasks::{Caller, Read, Release, RequestTasks};
 use crate::worker::{with_worker, WorkerError, OVERLOADED};
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
@@ -53,7 +55,7 @@ pub const BAD_CONTEXT: c_int = -101;
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
 /// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 12;
+pub const API_VERSION: c_int = 13;
 
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
 /// table, for the shim's stats); where a push may wait is `yieldable`
@@ -70,7 +72,7 @@ const N_KEY: c_int = lua::lua_upvalueindex(2);
 /// Called by Lua, as a lua_CFunction, on the event loop.
 pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
-    let functions: [(&CStr, F); 9] = [
+    let functions: [(&CStr, F); 14] = [
         (c"pool_id", pool_id),
         (c"stats", stats),
         (c"push", push),
@@ -80,6 +82,11 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         (c"results", results),
         (c"release", release),
         (c"reap", reap),
+        (c"push_stream", push_stream),
+        (c"read", read),
+        (c"close", close),
+        (c"write", write),
+        (c"close_write", close_write),
     ];
     // SAFETY: a loader runs as a Lua function on the event loop, with
     // LUA_MINSTACK free slots; it only pushes and sets fields (raising
@@ -428,12 +435,24 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
         if !admitted(pool, 1, deadline) {
             return refused(l, ERROR, OVERLOADED);
         }
-        let n = (lua::lua_gettop(l) - 3).max(0) as usize;
+        push_one(l, pool, Mode::Wait(ms, deadline), 4)
+    }
+}
+
+/// What push and push_stream share: encodes the values at first..=top as
+/// one task's arguments and queues it.
+///
+/// # Safety
+/// As refused, with the arguments checked.
+unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode, first: c_int) -> c_int {
+    // SAFETY: forwarded; the values are at first..=top.
+    unsafe {
+        let n = (lua::lua_gettop(l) - first + 1).max(0) as usize;
         let borrow = borrow_of(l, pool);
         let mut args = new_args();
         if let Err(e) = codec::write_values(
             l,
-            Source::Stack(4),
+            Source::Stack(first),
             n,
             "argument",
             borrow,
@@ -443,7 +462,7 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
             return refused(l, ERROR, &e.to_string());
         }
         args.end_part();
-        queue(l, pool, (ms, deadline), args, Values::Stack(4, n), borrow)
+        queue(l, pool, mode, args, Values::Stack(first, n), borrow)
     }
 }
 
@@ -516,7 +535,7 @@ unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
         queue(
             l,
             pool,
-            (ms, deadline),
+            Mode::Wait(ms, deadline),
             args,
             Values::List(4, &counts),
             borrow,
@@ -559,17 +578,27 @@ fn new_args() -> Args {
     with_worker(|w| w.tasks.args()).unwrap_or_default()
 }
 
-/// What push and push_batch share: anchors the borrowed strings, queues
-/// the tasks and starts the wait of `timeout` (ms, and the deadline
-/// from now if it is one), and yields for it (the value of their
-/// `return`), or pushes what the shim gets at once.
+/// What a push does once its tasks are queued.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Waits for them this long (ms), and the deadline from now if it is
+    /// one.
+    Wait(c_int, Option<Duration>),
+    /// Starts a stream of at most this many unread chunks, and waits for
+    /// nothing: its reads wait.
+    Stream(usize),
+}
+
+/// What push, push_batch and push_stream share: anchors the borrowed
+/// strings, queues the tasks and starts the wait, and yields for it (the
+/// value of their `return`), or pushes what the shim gets at once.
 ///
 /// # Safety
 /// As refused, with `args` encoded from `values`.
 unsafe fn queue(
     l: *mut lua_State,
     pool: usize,
-    timeout: (c_int, Option<Duration>),
+    mode: Mode,
     args: Args,
     values: Values,
     borrow: Option<Borrow>,
@@ -583,7 +612,7 @@ unsafe fn queue(
         let Some(anchor) = anchor(l, values, borrow, &args.spans) else {
             return refused(l, ERROR, "an argument changed while it was pushed");
         };
-        let queued = guard::catch(|| queue_and_wait(l, pool, timeout, args, anchor))
+        let queued = guard::catch(|| queue_and_wait(l, pool, mode, args, anchor))
             .unwrap_or_else(|panic| Queued::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
         match queued {
             // lua_yield only marks the coroutine (it yields when this
@@ -592,6 +621,10 @@ unsafe fn queue(
             Queued::Waiting(AGAIN) => lua::lua_yield(l, 0),
             Queued::Waiting(_) => {
                 lua::lua_pushboolean(l, 1);
+                1
+            }
+            Queued::Stream(id) => {
+                lua::lua_pushnumber(l, id as f64);
                 1
             }
             Queued::Refused(rc, msg) => {
@@ -611,6 +644,8 @@ unsafe fn queue(
 enum Queued {
     /// Queued; the wait's code (AGAIN or OK).
     Waiting(c_int),
+    /// A stream started: its record.
+    Stream(TaskId),
     /// Nothing queued: the code and message.
     Refused(c_int, String),
     /// Queued, but the wait failed: the tasks run for no one.
@@ -642,13 +677,7 @@ unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Caller), ()>> 
 }
 
 /// Queues the tasks for the running coroutine and starts its wait.
-fn queue_and_wait(
-    l: *mut lua_State,
-    pool: usize,
-    (ms, deadline): (c_int, Option<Duration>),
-    args: Args,
-    anchor: u64,
-) -> Queued {
+fn queue_and_wait(l: *mut lua_State, pool: usize, mode: Mode, args: Args, anchor: u64) -> Queued {
     // SAFETY: l is the running coroutine (queue's contract).
     let (r, caller) = match unsafe { caller_of(l) } {
         None => return Queued::Refused(BAD_CONTEXT, String::new()),
@@ -661,15 +690,22 @@ fn queue_and_wait(
         return Queued::Refused(ERROR, NOT_YIELDABLE.into());
     }
     let queued = with_worker(|w| {
+        let (stream, deadline) = match mode {
+            Mode::Stream(bound) => (Some(bound), None),
+            Mode::Wait(_, deadline) => (None, deadline),
+        };
         // SAFETY: the caller's list lives in r->pool and unlinks its
         // records when that pool is destroyed; the shim's stack anchors
         // the borrowed strings.
-        let task = match unsafe { w.push(pool, Some(caller), args, anchor, deadline) } {
+        let task = match unsafe { w.push(pool, Some(caller), args, anchor, deadline, stream) } {
             Ok(task) => task,
             Err(WorkerError::QueueFull) => return Queued::Refused(DECLINED, String::new()),
             Err(e) => return Queued::Refused(ERROR, e.to_string()),
         };
         crate::worker::gate::pushed(r.connection_number());
+        let Mode::Wait(ms, _) = mode else {
+            return Queued::Stream(task);
+        };
         let mut buf = [0u8; 256];
         let mut len = buf.len();
         // SAFETY: a stack buffer for the message.
@@ -713,7 +749,7 @@ unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
         args.end_part();
         let posted = guard::catch(|| {
             // SAFETY: a posted task has no owner and borrows nothing.
-            with_worker(|w| w.push(pool, None, args, 0, None))
+            with_worker(|w| w.push(pool, None, args, 0, None, None))
         });
         match posted {
             Ok(Some(Ok(_))) => {
@@ -780,22 +816,43 @@ unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
             return nil_and(l, "no result");
         };
         lua::lua_settop(l, 0);
-        let n = match results.first() {
+        let n = push_result(l, &results, 1);
+        recycle(results);
+        n
+    }
+}
+
+/// Pushes the handler's return values of the first of `results` above
+/// `keep` slots, or nil and its error: how many values the function
+/// returns (the kept slots included).
+///
+/// # Safety
+/// As refused, with `keep` values on the stack; the payloads' borrowed
+/// strings alive.
+unsafe fn push_result(l: *mut lua_State, results: &[Payload], keep: c_int) -> c_int {
+    // SAFETY: forwarded; on an error the stack is put back to `keep`
+    // before nil and the message.
+    unsafe {
+        let failed = |l, msg: &str| {
+            lua::lua_settop(l, keep - 1);
+            lua::lua_pushnil(l);
+            lua::lua_pushlstring_(l, msg.as_ptr().cast(), msg.len());
+            keep + 1
+        };
+        match results.first() {
             Some(p) if p.failed => {
                 lua::lua_pushnil(l);
                 match codec::push_values(l, &p.bytes, &p.spans) {
-                    Ok(_) => 2,
-                    Err(e) => nil_and(l, &e.to_string()),
+                    Ok(_) => keep + 1,
+                    Err(e) => failed(l, &e.to_string()),
                 }
             }
             Some(p) => match codec::push_values(l, &p.bytes, &p.spans) {
-                Ok(n) => n as c_int,
-                Err(e) => nil_and(l, &e.to_string()),
+                Ok(n) => keep - 1 + n as c_int,
+                Err(e) => failed(l, &e.to_string()),
             },
-            None => nil_and(l, "no result"),
-        };
-        recycle(results);
-        n
+            None => failed(l, "no result"),
+        }
     }
 }
 
@@ -879,5 +936,268 @@ unsafe extern "C-unwind" fn release(l: *mut lua_State) -> c_int {
             Some(())
         })
     });
+    0
+}
+
+/// What `read` pushes first: a chunk follows, or the handler's return
+/// values (or nil and its error) follow.
+const CHUNK: c_int = 1;
+const DONE: c_int = 2;
+
+/// The most a stream's id can be: generation < 2^20 above 32 bits.
+const MAX_ID: f64 = 9_007_199_254_740_991.0;
+
+/// `id = push_stream(pool, chunks, ...)`: queues one task whose handler
+/// may send chunks, at most `chunks` unread (0: the pool's
+/// thread_pool_stream_chunks), and returns the stream's id at once; its
+/// chunks and results come with `read(id, ms)`. Refusals as push.
+unsafe extern "C-unwind" fn push_stream(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else; the values are at 3..=top.
+    unsafe {
+        let f = c"push_stream";
+        let pool = pool_arg(l, 1, f);
+        let max = crate::conf::settings::STREAM_CHUNKS_MAX as f64;
+        let chunks = int_arg(l, 2, f, (0.0, max), c"chunks out of range: 1 to 65536") as usize;
+        let chunks = match chunks {
+            0 => crate::conf::running_pools()
+                .get(pool)
+                .map_or(1, |p| p.settings.stream_chunks),
+            n => n,
+        };
+        push_one(l, pool, Mode::Stream(chunks), 3)
+    }
+}
+
+/// What a read got.
+enum Got {
+    Chunk(Payload),
+    Results(Vec<Payload>, u64),
+    /// The coroutine waits on the stream's semaphore: yield (AGAIN), or
+    /// read again at once (OK: a resource was there).
+    Waiting(c_int),
+    Refused(c_int, String),
+}
+
+/// `code, values... = read(id, timeout_ms)`: the next of the running
+/// coroutine's stream `id`: CHUNK and the chunk, or, once every chunk was
+/// read and the handler returned, DONE and its return values (or nil and
+/// its error). Else the coroutine waits for the next of them, at most
+/// `timeout_ms`, and yields: true when there may be one (read again),
+/// false and "timeout". A negative code and a message: nothing to wait
+/// for (no such stream of this coroutine's, or the wait refused).
+unsafe extern "C-unwind" fn read(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else; what is taken is a local here, so an error raised while the
+    // values are built drops it.
+    unsafe {
+        let f = c"read";
+        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
+        let ms = ms_arg(l, 2, f);
+        let (r, caller) = match caller_of(l) {
+            None => return refused(l, BAD_CONTEXT, ""),
+            Some(Err(())) => return refused(l, ERROR, "no memory"),
+            Some(Ok(found)) => found,
+        };
+        let got = guard::catch(|| {
+            with_worker(|w| {
+                let Some(id) = w.tasks.stream_of(caller, id) else {
+                    return Got::Refused(ERROR, STREAM_CLOSED.into());
+                };
+                match w.tasks.read_stream(id) {
+                    Read::Chunk(chunk) => Got::Chunk(chunk),
+                    Read::Done => match w.tasks.take_result(id) {
+                        Some((results, anchor)) => Got::Results(results, anchor),
+                        None => Got::Refused(ERROR, STREAM_CLOSED.into()),
+                    },
+                    Read::Gone => Got::Refused(ERROR, STREAM_CLOSED.into()),
+                    Read::Wait => match wait_on(l, &r, w, id, ms) {
+                        Ok(rc) => Got::Waiting(rc),
+                        Err(msg) => Got::Refused(ERROR, msg),
+                    },
+                }
+            })
+            .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
+        })
+        .unwrap_or_else(|panic| Got::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
+        lua::lua_settop(l, 0);
+        match got {
+            Got::Waiting(AGAIN) => lua::lua_yield(l, 0),
+            Got::Waiting(_) => {
+                lua::lua_pushboolean(l, 1);
+                1
+            }
+            Got::Refused(rc, msg) => refused(l, rc, &msg),
+            Got::Chunk(chunk) => {
+                lua::lua_pushinteger(l, CHUNK as lua::lua_Integer);
+                let results = vec![chunk];
+                let n = push_result(l, &results, 2);
+                recycle(results);
+                n
+            }
+            Got::Results(results, anchor) => {
+                if anchor != 0 {
+                    unanchor(l, &[anchor]);
+                }
+                lua::lua_pushinteger(l, DONE as lua::lua_Integer);
+                let n = push_result(l, &results, 2);
+                recycle(results);
+                n
+            }
+        }
+    }
+}
+
+/// Starts the running coroutine's wait on stream `id`'s semaphore: the
+/// wait's code (AGAIN: yield; OK: a resource was there), else why not.
+///
+/// # Safety
+/// `l` is the running coroutine of `r`'s handler, on the event loop.
+unsafe fn wait_on(
+    l: *mut lua_State,
+    r: &Request,
+    w: &mut crate::worker::Worker,
+    id: TaskId,
+    ms: c_int,
+) -> Result<c_int, String> {
+    // SAFETY: forwarded.
+    if !unsafe { may_suspend(l) } {
+        return Err(NOT_YIELDABLE.into());
+    }
+    let mut buf = [0u8; 256];
+    let mut len = buf.len();
+    // SAFETY: a stack buffer for the message.
+    let err = unsafe { ErrOut::new(buf.as_mut_ptr(), &mut len) };
+    let sema = w.tasks.sema(id).ok_or(STREAM_CLOSED)?;
+    match crate::ngx::shim::wait(sema, r, ms, &err) {
+        ERROR => Err(String::from_utf8_lossy(&buf[..len]).into_owned()),
+        rc => Ok(rc),
+    }
+}
+
+/// `code, msg = write(id, timeout_ms, wait, chunk)`: appends one value to
+/// the input of the running coroutine's stream `id`: OK; DECLINED when
+/// its bound of unread chunks is reached and `wait` is false; else, with
+/// `wait`, the coroutine waits for room, at most `timeout_ms`, and
+/// yields: true (write again) or false and "timeout". ERROR and a
+/// message: the input ended, the value cannot cross, or no such stream.
+unsafe extern "C-unwind" fn write(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked before anything
+    // else; the chunk is a local here until it is handed over.
+    unsafe {
+        let f = c"write";
+        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
+        let ms = ms_arg(l, 2, f);
+        let wait = lua::lua_toboolean(l, 3) != 0;
+        lua::lua_settop(l, 4);
+        if lua::lua_type(l, 4) == lua::LUA_TNIL {
+            bad_argument(l, 4, f, c"a chunk expected, got nil")
+        }
+        let (r, caller) = match caller_of(l) {
+            None => return refused(l, BAD_CONTEXT, ""),
+            Some(Err(())) => return refused(l, ERROR, "no memory"),
+            Some(Ok(found)) => found,
+        };
+        let mut chunk = Payload::default();
+        if let Err(e) = codec::write_values(
+            l,
+            Source::Stack(4),
+            1,
+            "chunk",
+            None,
+            &mut chunk.bytes,
+            &mut chunk.spans,
+        ) {
+            return refused(l, ERROR, &e.to_string());
+        }
+        let wrote = guard::catch(|| {
+            with_worker(|w| {
+                let Some(id) = w.tasks.stream_of(caller, id) else {
+                    return Got::Refused(ERROR, STREAM_CLOSED.into());
+                };
+                match w.tasks.write_stream(id, chunk, wait) {
+                    Written::Done => Got::Waiting(OK),
+                    Written::Full(_) if !wait => Got::Refused(DECLINED, INPUT_FULL.into()),
+                    Written::Full(_) => match wait_on(l, &r, w, id, ms) {
+                        // a resource was there: write again
+                        Ok(OK) => Got::Refused(AGAIN, String::new()),
+                        Ok(rc) => Got::Waiting(rc),
+                        Err(msg) => Got::Refused(ERROR, msg),
+                    },
+                    Written::Ended => Got::Refused(ERROR, INPUT_ENDED.into()),
+                }
+            })
+            .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
+        })
+        .unwrap_or_else(|panic| Got::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
+        lua::lua_settop(l, 0);
+        match wrote {
+            Got::Waiting(AGAIN) => lua::lua_yield(l, 0),
+            Got::Waiting(_) => {
+                lua::lua_pushinteger(l, OK as lua::lua_Integer);
+                1
+            }
+            Got::Refused(AGAIN, _) => {
+                lua::lua_pushboolean(l, 1);
+                1
+            }
+            Got::Refused(rc, msg) => refused(l, rc, &msg),
+            Got::Chunk(_) | Got::Results(..) => 0,
+        }
+    }
+}
+
+/// What a write gets when the stream's input is full and it may not wait.
+const INPUT_FULL: &str = "stream input full";
+/// What a write gets once the input was ended or the handler returned.
+const INPUT_ENDED: &str = "stream input ended";
+
+/// `close_write(id)`: the running coroutine wrote its last chunk to its
+/// stream `id`: the handler's receive() gives nil after the chunks.
+unsafe extern "C-unwind" fn close_write(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the argument is checked first.
+    unsafe {
+        let id = int_arg(l, 1, c"close_write", (1.0, MAX_ID), c"not a stream") as TaskId;
+        let Some(Ok((_, caller))) = caller_of(l) else {
+            return 0;
+        };
+        let _ = guard::catch(|| {
+            with_worker(|w| {
+                let id = w.tasks.stream_of(caller, id)?;
+                w.tasks.end_input(id);
+                Some(())
+            })
+        });
+    }
+    0
+}
+
+/// What a read of a stream that is no longer there gets.
+const STREAM_CLOSED: &str = "stream closed";
+
+/// `close(id, timed_out)`: the running coroutine lets go of its stream
+/// `id` (its read timed out, when `timed_out` is true): a running handler
+/// is cancelled (its sends fail at once), unread chunks are dropped.
+unsafe extern "C-unwind" fn close(l: *mut lua_State) -> c_int {
+    // SAFETY: called by Lua; the arguments are checked first.
+    unsafe {
+        let id = int_arg(l, 1, c"close", (1.0, MAX_ID), c"not a stream") as TaskId;
+        let why = if lua::lua_toboolean(l, 2) != 0 {
+            Release::Timeout
+        } else {
+            Release::Closed
+        };
+        let Some(Ok((_, caller))) = caller_of(l) else {
+            return 0;
+        };
+        let _ = guard::catch(|| {
+            with_worker(|w| {
+                let id = w.tasks.stream_of(caller, id)?;
+                crate::ngx::log::debug(format_args!("stream {id:#x} closed by its caller"));
+                drop(w.tasks.release(id, why));
+                Some(())
+            })
+        });
+    }
     0
 }

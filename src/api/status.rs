@@ -11,7 +11,7 @@ use crate::ngx::sys;
 use crate::worker::gate::{GateShared, GateSlot};
 use crate::worker::stats::{
     PoolStats, BUCKET_BOUNDS_US, COUNTER_NAMES, ESTIMATES_AT, ESTIMATE_NAMES, SHADOW_AT,
-    SHADOW_NAMES, STATS_LEN,
+    SHADOW_NAMES, STATS_LEN, STREAM_AT, STREAM_NAMES,
 };
 use std::ffi::{c_char, c_void};
 use std::fmt::Write;
@@ -168,6 +168,44 @@ fn render(names: &[&str], all: &[PoolStats]) -> String {
                 "{name}{{pool=\"{pool}\",worker=\"{worker}\"}} {}",
                 v[k]
             );
+        }
+    }
+    const STREAM_HELP: [(&str, &str); STREAM_NAMES.len()] = [
+        (
+            "ngx_threadpool_streams_total",
+            "Streams pushed (push_stream).",
+        ),
+        (
+            "ngx_threadpool_stream_chunks_out_total",
+            "Chunks of streams that their readers took.",
+        ),
+        (
+            "ngx_threadpool_stream_bytes_out_total",
+            "Bytes (encoded) of the chunks readers took.",
+        ),
+        (
+            "ngx_threadpool_stream_chunks_in_total",
+            "Chunks that stream callers wrote to their handlers.",
+        ),
+        (
+            "ngx_threadpool_stream_bytes_in_total",
+            "Bytes (encoded) of the chunks callers wrote.",
+        ),
+        (
+            "ngx_threadpool_stream_send_wait_seconds_total",
+            "Time stream handlers' sends waited for their reader to take a chunk.",
+        ),
+    ];
+    for (k, (name, help)) in STREAM_HELP.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (worker, pool, v) in &rows {
+            let n = v[STREAM_AT + k];
+            let labels = format!("pool=\"{pool}\",worker=\"{worker}\"");
+            if k == STREAM_NAMES.len() - 1 {
+                let _ = writeln!(out, "{name}{{{labels}}} {}", n as f64 / 1e6);
+            } else {
+                let _ = writeln!(out, "{name}{{{labels}}} {n}");
+            }
         }
     }
     for (k, (name, help)) in ESTIMATES.iter().enumerate() {

@@ -20,6 +20,11 @@ pub enum ConfError {
     BadScheduling(String),
     /// A `thread_pool_zero_copy` size that is neither a size > 0 nor off.
     BadZeroCopy(String),
+    /// A `thread_pool_stream_chunks` count that is not 1 to `max`.
+    BadStreamChunks {
+        arg: String,
+        max: usize,
+    },
     /// A `thread_pool_shadow` parameter that is neither sample=RATIO,
     /// RATIO in (0, 1], nor log_values=on|off.
     BadShadowOption(String),
@@ -88,6 +93,10 @@ impl fmt::Display for ConfError {
             ConfError::BadZeroCopy(p) => {
                 write!(f, "takes a size (16k, 1m...) or off: invalid \"{p}\"")
             }
+            ConfError::BadStreamChunks { arg, max } => write!(
+                f,
+                "takes a number of chunks from 1 to {max}: invalid \"{arg}\""
+            ),
             ConfError::BadShadowOption(p) => {
                 write!(
                     f,

@@ -28,6 +28,10 @@ pub struct Settings {
     /// is then also their deadline (None: off, the shim's 60 s timeout
     /// and no deadline). Read by the shim.
     pub deadline: Option<Duration>,
+    /// `thread_pool_stream_chunks`: the most chunks of a stream sent and
+    /// not read yet (push_stream may ask for another). Read by the shim's
+    /// push_stream.
+    pub stream_chunks: usize,
 }
 
 impl Default for Settings {
@@ -39,6 +43,7 @@ impl Default for Settings {
             scheduling: DEFAULT_SCHEDULING,
             zero_copy: Some(DEFAULT_ZERO_COPY),
             deadline: None,
+            stream_chunks: DEFAULT_STREAM_CHUNKS,
         }
     }
 }
@@ -55,7 +60,7 @@ pub struct Directive {
 pub type Parse = fn(&mut Settings, Conf, &[&[u8]]) -> Result<(), ConfError>;
 
 /// Every setting's directive; the setter gets an entry's index.
-pub const DIRECTIVES: [Directive; 4] = [
+pub const DIRECTIVES: [Directive; 5] = [
     Directive {
         name: c"thread_pool_slow_task_log",
         args: sys::NGX_CONF_TAKE2,
@@ -75,6 +80,11 @@ pub const DIRECTIVES: [Directive; 4] = [
         name: c"thread_pool_deadline",
         args: sys::NGX_CONF_TAKE2,
         parse: deadline,
+    },
+    Directive {
+        name: c"thread_pool_stream_chunks",
+        args: sys::NGX_CONF_TAKE2,
+        parse: stream_chunks,
     },
 ];
 
@@ -143,6 +153,28 @@ fn zero_copy(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError
             _ => return Err(ConfError::BadZeroCopy(lossy(size))),
         },
     };
+    Ok(())
+}
+
+/// `thread_pool_stream_chunks`' default: enough chunks in flight that a
+/// reader that sends each to a client rarely finds none ready, few enough
+/// that a stream of 64 KiB chunks holds 1 MiB at most.
+const DEFAULT_STREAM_CHUNKS: usize = 16;
+
+/// The most unread chunks a stream may be given (the setting and
+/// push_stream's override): a bound, not a buffer size.
+pub const STREAM_CHUNKS_MAX: usize = 65536;
+
+/// `thread_pool_stream_chunks POOL N;`.
+fn stream_chunks(s: &mut Settings, _cf: Conf, args: &[&[u8]]) -> Result<(), ConfError> {
+    s.stream_chunks = std::str::from_utf8(args[0])
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|n| (1..=STREAM_CHUNKS_MAX).contains(n))
+        .ok_or_else(|| ConfError::BadStreamChunks {
+            arg: lossy(args[0]),
+            max: STREAM_CHUNKS_MAX,
+        })?;
     Ok(())
 }
 

@@ -62,6 +62,8 @@ pub struct Work {
     /// A shadow task's (pool/shadow.rs): POOL's result to compare with; its
     /// arguments' spans point into it.
     pub expected: Option<Expected>,
+    /// A stream's (push_stream): where its handler's chunks go.
+    pub stream: Option<crate::handoff::stream::Stream>,
 }
 
 /// The capacity a result's buffer starts with.
@@ -136,6 +138,7 @@ impl Work {
             left: AtomicUsize::new(n),
             results: Mutex::new(results),
             expected,
+            stream: None,
         }
     }
 

@@ -30,6 +30,11 @@ pub type FreeFn = <ngx_threadpool_free_t as Function>::Fn;
 /// NGX_TP_OK and NGX_TP_ERROR, as init and process return them.
 pub const OK: i32 = NGX_TP_OK as i32;
 pub const ERROR: i32 = NGX_TP_ERROR as i32;
+/// NGX_TP_CANCELLED, NGX_TP_END, NGX_TP_NO_STREAM (a task's send and
+/// receive).
+pub const CANCELLED: i32 = NGX_TP_CANCELLED as i32;
+pub const END: i32 = NGX_TP_END as i32;
+pub const NO_STREAM: i32 = NGX_TP_NO_STREAM as i32;
 
 // The header and the crate that handlers are written with say the same.
 const _: () = {
@@ -38,6 +43,8 @@ const _: () = {
     assert!(NGX_TP_MAX_DEPTH as usize == wire::MAX_DEPTH);
     assert!(NGX_TP_EXT_BORROWED as i8 == wire::EXT_BORROWED);
     assert!(OK == wire::status::OK && ERROR == wire::status::ERROR);
+    assert!(CANCELLED == wire::status::CANCELLED && END == wire::status::END);
+    assert!(NO_STREAM == wire::status::NO_STREAM);
     assert!(NGX_TP_LOG_ERR as i32 == wire::level::ERR);
     assert!(NGX_TP_LOG_WARN as i32 == wire::level::WARN);
     assert!(NGX_TP_LOG_NOTICE as i32 == wire::level::NOTICE);

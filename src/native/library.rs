@@ -1,8 +1,9 @@
 //! A native handler library, loaded when the configuration is read so
 //! that `nginx -t` checks it: the file, its four exports, its ABI version.
 
-use super::abi::{self, AbiVersionFn, FreeFn, InitFn, ProcessFn};
+use super::abi::{AbiVersionFn, FreeFn, InitFn, ProcessFn};
 use crate::ngx::dl::Dl;
+use ngx_threadpool_wire as wire;
 use std::ffi::CStr;
 use std::fmt;
 use std::path::Path;
@@ -48,8 +49,9 @@ impl fmt::Display for LoadError {
             LoadError::Abi { path, found } => write!(
                 f,
                 "cannot load \"{path}\": it is built for handler ABI version {found}, \
-                 this module runs version {}",
-                abi::NGX_THREADPOOL_ABI_VERSION
+                 this module runs versions {} to {}",
+                wire::ABI_VERSION_MIN,
+                wire::ABI_VERSION
             ),
         }
     }
@@ -89,7 +91,7 @@ impl Library {
         // nothing and returning the ABI's version; the library stays loaded
         // (dl) across the call.
         let found = unsafe { version() };
-        if found != abi::NGX_THREADPOOL_ABI_VERSION {
+        if !(wire::ABI_VERSION_MIN..=wire::ABI_VERSION).contains(&found) {
             return Err(LoadError::Abi { path: shown, found });
         }
         Ok(Library {

@@ -17,6 +17,8 @@ pub use library::{Library, LoadError};
 
 use crate::codec::{self, Span, MAX_PAYLOAD};
 use crate::handoff::outcome::{Cancel, Outcome};
+use crate::handoff::payload::Payload;
+use crate::handoff::stream;
 use crate::ngx::guard;
 use crate::ngx::log::{self, Log};
 use std::borrow::Cow;
@@ -110,6 +112,8 @@ impl State {
             nspans: spans.len(),
             cancelled: Some(cancelled),
             module: (cancel as *const Cancel).cast(),
+            send: Some(send),
+            receive: Some(receive),
         };
         let mut sink = Sink::new(out);
         // SAFETY: the state is this thread's; task, its spans (our
@@ -212,6 +216,60 @@ unsafe extern "C" fn cancelled(task: *const abi::ngx_tp_task_t) -> c_int {
 
 /// `ngx_tp_log_pt`: a line in nginx's error log at `level` (clamped to
 /// the header's levels), ending like a Lua thread's.
+/// `task->send`: hands a copy of the chunk to the stream of the task this
+/// thread runs (handoff::stream, which pool/thread.rs marks for the run).
+unsafe extern "C" fn send(_task: *const abi::ngx_tp_task_t, data: *const u8, len: usize) -> c_int {
+    guard::catch(|| {
+        if len > MAX_PAYLOAD {
+            return abi::ERROR;
+        }
+        // SAFETY: the header's contract: data points to len bytes.
+        let bytes = unsafe { crate::ngx::shim::bytes(data, len) };
+        stream::with_serving(|s| match s {
+            None => abi::NO_STREAM,
+            Some(s) => {
+                let chunk = Payload {
+                    bytes: bytes.to_vec(),
+                    ..Payload::default()
+                };
+                match s.send(chunk, crate::ngx::notify::wake) {
+                    Ok(_) => abi::OK,
+                    Err(_) => abi::CANCELLED,
+                }
+            }
+        })
+    })
+    .unwrap_or(abi::ERROR)
+}
+
+/// `task->receive`: the caller's next chunk, written to `out`.
+unsafe extern "C" fn receive(
+    _task: *const abi::ngx_tp_task_t,
+    out: *mut abi::ngx_tp_out_t,
+) -> c_int {
+    guard::catch(|| {
+        stream::with_serving(|s| match s.map(|s| s.receive(crate::ngx::notify::wake)) {
+            None => abi::NO_STREAM,
+            Some(Err(_)) => abi::CANCELLED,
+            Some(Ok(None)) => abi::END,
+            Some(Ok(Some(chunk))) => {
+                // SAFETY: out is the library's writer, as the header says;
+                // a chunk written on the event loop borrows nothing.
+                let written = unsafe {
+                    (*out)
+                        .write
+                        .map(|write| write(out, chunk.bytes.as_ptr(), chunk.bytes.len()))
+                };
+                match written {
+                    Some(0) => abi::OK,
+                    _ => abi::ERROR,
+                }
+            }
+        })
+    })
+    .unwrap_or(abi::ERROR)
+}
+
 unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, len: usize) {
     let _ = guard::catch(|| {
         // SAFETY: log is the LogTo of State::new, alive for the state's

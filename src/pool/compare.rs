@@ -137,6 +137,8 @@ pub struct Expected {
     result: Owned,
     /// POOL's handler failed: `result` holds its error value.
     failed: bool,
+    /// A stream's: the chunks POOL's handler sent, in order.
+    chunks: Vec<Vec<u8>>,
     pair: std::sync::Arc<Pair>,
 }
 
@@ -146,6 +148,7 @@ impl Expected {
         args: Owned,
         result: Owned,
         failed: bool,
+        chunks: Vec<Vec<u8>>,
         pair: std::sync::Arc<Pair>,
     ) -> (Args, Expected) {
         let Owned { bytes, spans, held } = args;
@@ -154,25 +157,38 @@ impl Expected {
             _args_held: held,
             result,
             failed,
+            chunks,
             pair,
         };
         (Args { bytes, spans, ends }, expected)
     }
 
-    /// Compares SHADOW's `got` (its handler ran on `args`) with POOL's
-    /// result and counts; a mismatch's log line, when one is due.
+    /// Compares SHADOW's `got` (its handler ran on `args`) and, for a
+    /// stream, the chunks it sent, with POOL's, and counts; a mismatch's
+    /// log line, when one is due.
     ///
     /// # Safety
     /// `args` must be the arguments `task` returned with self (their spans
     /// point into `_args_held`).
-    pub unsafe fn check(&self, args: &Args, got: &Payload) -> Option<String> {
+    pub unsafe fn check(&self, args: &Args, got: &Payload, chunks: &[Payload]) -> Option<String> {
         let counts = self.pair.counts;
         PoolStats::add(&counts.shadow_compared);
         let want = self.result.values();
         // SAFETY: got's spans are SHADOW's pinned result strings, alive as
         // long as got.
         let have = unsafe { codec::values(&got.bytes, &got.spans) };
-        let equal = self.failed == got.failed && matches!((&want, &have), (Ok(a), Ok(b)) if a == b);
+        // The first chunk that differs, as many as were sent when all that
+        // both sent are alike; None when the sequences are alike.
+        let differs = self.chunks.iter().zip(chunks).position(|(a, b)| {
+            // SAFETY: chunks borrow nothing (their spans are empty).
+            let (a, b) = unsafe { (codec::values(a, &[]), codec::values(&b.bytes, &b.spans)) };
+            !matches!((a, b), (Ok(a), Ok(b)) if a == b)
+        });
+        let differs = differs
+            .or((self.chunks.len() != chunks.len()).then(|| self.chunks.len().min(chunks.len())));
+        let equal = differs.is_none()
+            && self.failed == got.failed
+            && matches!((&want, &have), (Ok(a), Ok(b)) if a == b);
         if equal {
             return None;
         }
@@ -197,10 +213,20 @@ impl Expected {
             }
         };
         let Pair { pool, shadow, .. } = &*self.pair;
+        let stream = match differs {
+            Some(k) => format!(
+                "; of its stream, \"{pool}\" sent {} chunks and \"{shadow}\" {}, \
+                 the first that differs is #{}",
+                self.chunks.len(),
+                chunks.len(),
+                k + 1
+            ),
+            None => String::new(),
+        };
         Some(format!(
             "thread pool \"{pool}\" and its shadow \"{shadow}\" differ \
              ({unlogged} more since the last line): arguments: {}; \"{pool}\" returned: {}; \
-             \"{shadow}\" returned: {}",
+             \"{shadow}\" returned: {}{stream}",
             // SAFETY: the spans point into _args_held (our contract).
             show(false, unsafe { codec::values(&args.bytes, &args.spans) }),
             show(self.failed, want),

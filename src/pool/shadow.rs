@@ -13,6 +13,7 @@ use super::compare::{Expected, Owned, Pair};
 use crate::conf::ShadowOptions;
 use crate::handoff::job::{Job, Work};
 use crate::handoff::payload::Payload;
+use crate::handoff::stream::{Recorded, Stream};
 use crate::worker::stats::PoolStats;
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -86,9 +87,32 @@ impl Shadow {
     /// The spans of the job's arguments and of `result` must be alive (the
     /// task is not finished yet: its completion has not gone).
     pub unsafe fn offer(&self, job: &Work, i: usize, result: &Payload) {
-        if !self.sample.take() {
-            return;
+        if self.sample.take() {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.queue(job, i, result, None) };
         }
+    }
+
+    /// Whether the stream about to run is sampled: its chunks are then
+    /// recorded, and `offer_stream` gets them.
+    pub fn sample_stream(&self) -> bool {
+        self.sample.take()
+    }
+
+    /// A sampled stream (`sample_stream`) ran on POOL with `result` and
+    /// `recorded` crossing: queue it on SHADOW, its input the same, to
+    /// compare the chunks it sends and its result.
+    ///
+    /// # Safety
+    /// As offer.
+    pub unsafe fn offer_stream(&self, job: &Work, result: &Payload, recorded: Recorded) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.queue(job, 0, result, Some(recorded)) };
+    }
+
+    /// # Safety
+    /// As offer.
+    unsafe fn queue(&self, job: &Work, i: usize, result: &Payload, stream: Option<Recorded>) {
         let mut taken = self.queue.taken.load(Relaxed);
         if !self.queue.reserve(1, self.max_queue as u64, &mut taken) {
             PoolStats::add(&self.pair.counts.shadow_skipped);
@@ -103,12 +127,15 @@ impl Shadow {
                 Owned::copy(&result.bytes, &result.spans),
             )
         };
-        let (args, expected) = Expected::task(args, got, result.failed, self.pair.clone());
-        if self
-            .jobs
-            .send(Work::shadowing(self.index, args, expected))
-            .is_err()
-        {
+        let (sent, received) = stream.map_or_else(Default::default, |r| (r.sent, r.received));
+        let (args, expected) = Expected::task(args, got, result.failed, sent, self.pair.clone());
+        let mut shadow = Work::shadowing(self.index, args, expected);
+        if job.stream.is_some() {
+            if let Some(w) = Arc::get_mut(&mut shadow) {
+                w.stream = Some(Stream::detached(received));
+            }
+        }
+        if self.jobs.send(shadow).is_err() {
             // SHADOW's threads are gone: the worker is exiting.
             self.queue.unreserve(1);
             PoolStats::add(&self.pair.counts.shadow_skipped);

@@ -10,6 +10,7 @@ use crate::handoff::outcome::{self, Outcome, PinKey, Ran, OVERLOADED};
 use crate::handoff::payload::LARGE;
 use crate::handoff::payload::{Payload, Pinned};
 use crate::handoff::spin::Spin;
+use crate::handoff::stream::Stream;
 use crate::ngx::os;
 use crate::ngx::{guard, log, notify};
 use crate::pool::handler::{Handler, Spec};
@@ -195,21 +196,31 @@ pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     "task {:#x}.{i} started in thread pool \"{pool}\" thread #{index}",
                     job.task
                 ));
+                // A sampled stream keeps copies of what crosses it, for its
+                // shadow to get the same input and compare its chunks.
+                if let (Some(stream), Some(shadow), None) = (&job.stream, &shadow, &job.expected) {
+                    if shadow.sample_stream() {
+                        stream.record();
+                    }
+                }
                 let mut result = Payload {
                     bytes,
                     ..Payload::default()
                 };
                 let outcome = match &handler {
-                    // SAFETY: whoever pushed keeps the spans' strings alive
-                    // until the completion reaches the event loop, after this.
-                    Ok(h) => guard::catch(|| unsafe {
-                        h.run(
-                            args,
-                            spans,
-                            &mut result.bytes,
-                            &mut result.spans,
-                            job.cancelled(),
-                        )
+                    Ok(h) => guard::catch(|| {
+                        // SAFETY: whoever pushed keeps the spans' strings
+                        // alive until the completion reaches the event
+                        // loop, after this.
+                        crate::handoff::stream::serving(job.stream.as_ref(), || unsafe {
+                            h.run(
+                                args,
+                                spans,
+                                &mut result.bytes,
+                                &mut result.spans,
+                                job.cancelled(),
+                            )
+                        })
                     })
                     .unwrap_or_else(|panic| {
                         outcome::fail(&mut result.bytes, &panic);
@@ -274,17 +285,28 @@ pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                 }
                 handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
                 if let Some(expected) = &job.expected {
+                    let chunks = job.stream.as_ref().map(Stream::take_chunks);
+                    let chunks = chunks.as_deref().unwrap_or_default();
                     // SAFETY: a shadow task's arguments are those Expected::task
                     // made with expected (shadow.rs keeps them together).
-                    if let Some(line) = unsafe { expected.check(&job.args, &result) } {
+                    if let Some(line) = unsafe { expected.check(&job.args, &result, chunks) } {
                         report(log::NGX_LOG_WARN, format_args!("{line}"));
                     }
                     continue;
                 }
-                if let Some(shadow) = &shadow {
-                    // SAFETY: the task is not finished: the arguments' strings
-                    // and the result's pin are alive.
-                    unsafe { shadow.offer(&job, i, &result) };
+                match (&shadow, &job.stream) {
+                    // SAFETY: the task is not finished: the arguments'
+                    // strings and the result's pin are alive.
+                    (Some(shadow), None) => unsafe { shadow.offer(&job, i, &result) },
+                    // a stream its caller let go of sent only part of its
+                    // chunks: nothing to compare
+                    (Some(shadow), Some(stream)) if !job.cancelled().is_cancelled() => {
+                        if let Some(recorded) = stream.take_recorded() {
+                            // SAFETY: as above.
+                            unsafe { shadow.offer_stream(&job, &result, recorded) };
+                        }
+                    }
+                    _ => {}
                 }
                 if job.task == POSTED {
                     // Nobody takes the result; a failure is logged (at most

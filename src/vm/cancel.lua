@@ -1,7 +1,9 @@
 -- resty.threadpool as a pool thread's handler sees it: whether the caller
--- of the running task gave up (src/vm/cancel.rs). The event loop's library
--- has the same function, which there always returns false, so that a
--- handler shared with an inline fallback runs unchanged.
+-- of the running task gave up, and a stream's send and receive
+-- (src/vm/cancel.rs). The event loop's library has the same cancelled(),
+-- which there always returns false, so that a handler shared with an
+-- inline fallback runs unchanged.
+local c_send, c_receive = ...
 local ffi = require "ffi"
 
 local C = ffi.C
@@ -23,9 +25,20 @@ function _M.cancelled()
     return C.ngx_tp_task_cancelled()
 end
 
+-- Sends one chunk (any value an argument may be) to the reader of the
+-- stream this handler runs for (push_stream): true, or nil and
+-- "cancelled" once the reader let go, or nil and why the value cannot
+-- cross. Waits while the reader has its bound of chunks unread.
+_M.send = c_send
+
+-- The next chunk the caller wrote (stream:write()), waiting for it; nil
+-- at the end of its input (stream:close_write()), or nil and "cancelled"
+-- once the caller let go.
+_M.receive = c_receive
+
 return setmetatable(_M, {
     __index = function(_, name)
         error("resty.threadpool: tp." .. tostring(name)
-              .. " is not available in thread pools (only cancelled())", 2)
+              .. " is not available in thread pools (only cancelled(), send() and receive())", 2)
     end,
 })

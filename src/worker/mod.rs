@@ -19,6 +19,7 @@ use stats::PoolStats;
 
 use crate::handoff::job::{Job, TaskId, POSTED};
 use crate::handoff::payload::Args;
+use crate::handoff::stream::Stream;
 use crate::ngx::log;
 use crate::pool::handler::Spec;
 use crate::pool::shadow::{self, Shadow};
@@ -52,6 +53,8 @@ struct Pool {
 pub struct Worker {
     pools: Vec<Pool>,
     completions: Receiver<Job>,
+    /// Streams whose reader wanted a chunk and got one (stream.rs).
+    ready: (Sender<TaskId>, Receiver<TaskId>),
     pub tasks: Tasks,
     /// The last anchor key handed out (see `anchor_key`).
     anchors: u64,
@@ -212,6 +215,7 @@ impl Worker {
         let worker = Worker {
             pools,
             completions: done_rx,
+            ready: unbounded(),
             tasks,
             anchors: 0,
             awaited: 0,
@@ -250,7 +254,8 @@ impl Worker {
     /// (PoolStats::late). With a caller, it waits for
     /// them on the record whose id this returns (its semaphore is posted
     /// once all are done); without, they are posted tasks whose results
-    /// nobody takes.
+    /// nobody takes. With `stream`, the one task's handler sends chunks,
+    /// at most that many unread (stream.rs).
     ///
     /// # Safety
     /// `caller.tasks` must be the pushing request's task list (see
@@ -264,6 +269,7 @@ impl Worker {
         args: Args,
         anchor: u64,
         deadline: Option<Duration>,
+        stream: Option<usize>,
     ) -> Result<TaskId, WorkerError> {
         if caller.is_none() {
             // posted pushes come back only this way (see drain)
@@ -282,18 +288,24 @@ impl Worker {
         }
         let (bytes, borrowed) = (args.bytes.len(), args.spans.len());
         let task = match caller {
-            // SAFETY: caller.tasks is live until it is dropped, which unlinks
-            // its records (the contract), as start needs.
-            Some(caller) => match unsafe { self.tasks.start(caller, index, anchor) } {
-                Ok(task) => task,
-                Err(e) => {
-                    pool.stats.unreserve(n);
-                    return Err(e);
+            Some(caller) => {
+                // SAFETY: caller.tasks is live until it is dropped, which
+                // unlinks its records (the contract), as start needs.
+                match unsafe { self.tasks.start(caller, index, anchor, stream.is_some()) } {
+                    Ok(task) => task,
+                    Err(e) => {
+                        pool.stats.unreserve(n);
+                        return Err(e);
+                    }
                 }
-            },
+            }
             None => POSTED,
         };
-        let work = self.tasks.work(task, index, args, deadline);
+        let mut work = self.tasks.work(task, index, args, deadline);
+        if let (Some(bound), Some(w)) = (stream, Arc::get_mut(&mut work)) {
+            w.stream = Some(Stream::new(task, bound, self.ready.0.clone()));
+            PoolStats::add(&pool.stats.streams);
+        }
         if task != POSTED {
             self.tasks.set_work(task, work.clone());
         }
@@ -333,6 +345,9 @@ impl Worker {
     /// Takes every completion posted so far (called on wake-up, and by
     /// post_task, whose pushes come back without one).
     pub fn drain(&mut self) {
+        while let Ok(id) = self.ready.1.try_recv() {
+            self.tasks.stream_ready(id);
+        }
         while let Ok(work) = self.completions.try_recv() {
             if work.task == POSTED {
                 self.recycle_posted(work);
@@ -376,6 +391,7 @@ pub fn stop(grace: Duration) {
         return;
     };
     worker.stopping.store(true, Ordering::SeqCst);
+    worker.tasks.close_streams();
     gate::stop();
     if let Some((stop, handle)) = worker.watchdog.take() {
         drop(stop);

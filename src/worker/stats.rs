@@ -173,6 +173,16 @@ pub struct PoolStats {
     /// Tasks whose caller went away before they finished: its request
     /// ended, or its light thread was killed.
     pub abandoned: AtomicU64,
+    /// Streams pushed (push_stream); of them, the chunks and bytes
+    /// (encoded) their readers took and their callers wrote, and the time
+    /// their handlers' sends waited for room, in µs, counted when a
+    /// stream's record is freed (worker/tasks.rs).
+    pub streams: AtomicU64,
+    pub stream_chunks_out: AtomicU64,
+    pub stream_bytes_out: AtomicU64,
+    pub stream_chunks_in: AtomicU64,
+    pub stream_bytes_in: AtomicU64,
+    pub stream_send_wait_us: AtomicU64,
     _event_loop_side: Apart,
 }
 
@@ -205,8 +215,21 @@ pub const ESTIMATE_NAMES: [&str; 2] = ["expected_wait", "run_estimate"];
 /// Where the estimates start in `write`'s numbers.
 pub const ESTIMATES_AT: usize = SHADOW_AT + SHADOW_NAMES.len();
 
+/// Names of the stream counters, in `write`'s order, after the estimates.
+pub const STREAM_NAMES: [&str; 6] = [
+    "streams",
+    "chunks_out",
+    "bytes_out",
+    "chunks_in",
+    "bytes_in",
+    "send_wait_us",
+];
+
+/// Where the stream counters start in `write`'s numbers.
+pub const STREAM_AT: usize = ESTIMATES_AT + ESTIMATE_NAMES.len();
+
 /// How many numbers `PoolStats::write` produces.
-pub const STATS_LEN: usize = ESTIMATES_AT + ESTIMATE_NAMES.len();
+pub const STATS_LEN: usize = STREAM_AT + STREAM_NAMES.len();
 
 impl PoolStats {
     /// Every number back to 0 (a worker that starts in a slot of the
@@ -217,6 +240,7 @@ impl PoolStats {
         all.extend([&self.rejected, &self.timed_out, &self.abandoned]);
         all.extend([&self.overloaded, &self.expired, &self.run_estimate_us]);
         all.extend(self.shadow_counters());
+        all.extend(self.stream_counters());
         for h in [&self.wait, &self.run] {
             all.extend(h.buckets.iter());
             all.push(&h.sum_us);
@@ -330,11 +354,23 @@ impl PoolStats {
         ]
     }
 
+    fn stream_counters(&self) -> [&AtomicU64; STREAM_NAMES.len()] {
+        [
+            &self.streams,
+            &self.stream_chunks_out,
+            &self.stream_bytes_out,
+            &self.stream_chunks_in,
+            &self.stream_bytes_in,
+            &self.stream_send_wait_us,
+        ]
+    }
+
     /// The numbers in the order the shim reads them: threads, busy, queued,
     /// pushed, completed, errors, rejected, timed_out, abandoned, cancelled,
     /// overloaded, expired, then the wait and run histograms (bucket
     /// counts, then the sum in µs), then the shadow counters, then the
-    /// expected wait of a task pushed now and the run estimate, in µs.
+    /// expected wait of a task pushed now and the run estimate, in µs,
+    /// then the stream counters.
     pub fn write(&self, out: &mut Vec<u64>) {
         out.extend([
             self.threads.load(Relaxed),
@@ -358,6 +394,7 @@ impl PoolStats {
         self.run.write(out);
         out.extend(self.shadow_counters().map(|c| c.load(Relaxed)));
         out.extend([self.expected_wait_us(1), self.run_estimate_us.load(Relaxed)]);
+        out.extend(self.stream_counters().map(|c| c.load(Relaxed)));
     }
 }
 

@@ -12,11 +12,13 @@ use super::{with_worker, WorkerError};
 use crate::handoff::job::{Job, TaskId, Work};
 use crate::handoff::payload::KEEP;
 use crate::handoff::payload::{Args, Payload};
+use crate::handoff::stream::{Taken, Written};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 const NONE: u32 = u32::MAX;
@@ -56,6 +58,9 @@ struct Slot {
     owner: *mut RequestTasks,
     /// The coroutine that pushed and waits (Caller::co), only compared.
     waiter: *const c_void,
+    /// A stream's record (push_stream): read chunk by chunk by its
+    /// coroutine, found by its id, never its coroutine's newest.
+    stream: bool,
     prev: u32,
     next: u32,
 }
@@ -142,6 +147,17 @@ impl Hasher for AddressHasher {
     }
 }
 
+/// What a read of a stream finds (Tasks::read_stream).
+pub enum Read {
+    Chunk(Payload),
+    /// Every chunk was read and the handler returned: take its results.
+    Done,
+    /// Nothing yet: wait on the record's semaphore.
+    Wait,
+    /// No such stream (closed, or not the caller's).
+    Gone,
+}
+
 /// Why a caller lets go of a task.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Release {
@@ -151,6 +167,8 @@ pub enum Release {
     RequestGone,
     /// It never waited (the wait failed right after the push).
     NotWaiting,
+    /// It closed its stream before the end.
+    Closed,
 }
 
 /// How many of each kind of spare are kept.
@@ -239,6 +257,7 @@ impl Tasks {
         caller: Caller,
         pool: usize,
         anchor: u64,
+        stream: bool,
     ) -> Result<TaskId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -253,6 +272,7 @@ impl Tasks {
                     anchor: 0,
                     owner: std::ptr::null_mut(),
                     waiter: std::ptr::null(),
+                    stream: false,
                     pool: 0,
                     prev: NONE,
                     next: NONE,
@@ -274,8 +294,12 @@ impl Tasks {
         slot.anchor = anchor;
         slot.pool = pool as u32;
         slot.waiter = caller.co;
+        slot.stream = stream;
         let id = join(slot.gen, index);
         self.link(index, caller.tasks);
+        if stream {
+            return Ok(id);
+        }
         if let Some(older) = self.newest.insert(caller.co as usize, id) {
             // results its caller never took: nobody will
             let (gen, index) = split(older);
@@ -295,6 +319,79 @@ impl Tasks {
         let (gen, index) = split(id);
         let slot = &self.slots[index as usize];
         (slot.gen == gen && slot.owner == caller.tasks).then_some(id)
+    }
+
+    /// The stream record `id` when `caller` pushed it and it is still on
+    /// its request's list: a handle from Lua reaches no other caller's.
+    pub fn stream_of(&self, caller: Caller, id: TaskId) -> Option<TaskId> {
+        let slot = self.slot(id)?;
+        let mine = slot.stream && slot.owner == caller.tasks && slot.waiter == caller.co;
+        mine.then_some(id)
+    }
+
+    /// What a read of stream `id` (see stream_of) finds: its next chunk,
+    /// else its results once its handler returned, else Wait, with the
+    /// stream marked as wanting a chunk.
+    pub fn read_stream(&mut self, id: TaskId) -> Read {
+        let Some(slot) = self.slot(id) else {
+            return Read::Gone;
+        };
+        let done = slot.state == State::Done;
+        let Some(stream) = slot.work.as_ref().and_then(|w| w.stream.as_ref()) else {
+            return Read::Gone;
+        };
+        match stream.take() {
+            Taken::Chunk(chunk) => {
+                if let Some(stats) = self.stats.get(slot.pool as usize) {
+                    PoolStats::add(&stats.stream_chunks_out);
+                    let bytes = chunk.bytes.len() as u64;
+                    stats.stream_bytes_out.fetch_add(bytes, Ordering::Relaxed);
+                }
+                Read::Chunk(chunk)
+            }
+            Taken::Empty if done => Read::Done,
+            Taken::Empty => Read::Wait,
+        }
+    }
+
+    /// Writes a caller's chunk to stream `id` (see stream_of): Ended once
+    /// its handler returned.
+    pub fn write_stream(&mut self, id: TaskId, chunk: Payload, wait: bool) -> Written {
+        let Some(slot) = self.slot(id).filter(|s| s.state == State::Running) else {
+            return Written::Ended;
+        };
+        let Some(stream) = slot.work.as_ref().and_then(|w| w.stream.as_ref()) else {
+            return Written::Ended;
+        };
+        let bytes = chunk.bytes.len() as u64;
+        let written = stream.write(chunk, wait);
+        if let (Written::Done, Some(stats)) = (&written, self.stats.get(slot.pool as usize)) {
+            PoolStats::add(&stats.stream_chunks_in);
+            stats.stream_bytes_in.fetch_add(bytes, Ordering::Relaxed);
+        }
+        written
+    }
+
+    /// The caller of stream `id` wrote its last chunk.
+    pub fn end_input(&mut self, id: TaskId) {
+        if let Some(stream) = self.slot(id).and_then(|s| s.work.as_ref()?.stream.as_ref()) {
+            stream.end_input();
+        }
+    }
+
+    /// A chunk reached stream `id`, whose reader wanted one, or its
+    /// handler made room for a writer that waits: resumes the caller if it
+    /// still waits.
+    pub fn stream_ready(&mut self, id: TaskId) {
+        let Some(slot) = self.slot(id) else {
+            return;
+        };
+        if slot.state == State::Running {
+            if let Some(sema) = slot.sema.as_ref().filter(|s| s.has_waiter()) {
+                // the waiter consumes the post at once (count -1 to 0)
+                sema.post();
+            }
+        }
     }
 
     fn slot(&self, id: TaskId) -> Option<&Slot> {
@@ -368,6 +465,17 @@ impl Tasks {
         }
         let id = work.task;
         match slot.state {
+            // A stream's reader reads between other work: it may not be
+            // waiting now; it finds the results after the last chunk.
+            State::Running if slot.stream => {
+                slot.work = Some(work);
+                slot.state = State::Done;
+                if let Some(sema) = slot.sema.as_ref().filter(|s| s.has_waiter()) {
+                    sema.post();
+                }
+                log::debug(format_args!("stream {id:#x} done"));
+                None
+            }
             // A record is Running only while its caller waits on its clean
             // semaphore (a timeout releases it first), so no waiter means
             // the caller's light thread was killed (ngx.thread.kill): left
@@ -419,7 +527,7 @@ impl Tasks {
                     match why {
                         Release::Timeout => PoolStats::add(&stats.timed_out),
                         Release::RequestGone => PoolStats::add(&stats.abandoned),
-                        Release::NotWaiting => {}
+                        Release::NotWaiting | Release::Closed => {}
                     }
                 }
                 self.unlink(index);
@@ -427,6 +535,10 @@ impl Tasks {
                 slot.state = State::Abandoned;
                 if let Some(work) = &slot.work {
                     work.cancelled().cancel();
+                    // a handler waiting for room hears it at once
+                    if let Some(stream) = &work.stream {
+                        stream.close();
+                    }
                 }
                 None
             }
@@ -438,6 +550,13 @@ impl Tasks {
     fn release_index(&mut self, index: u32) -> Option<Job> {
         self.unlink(index);
         let slot = &mut self.slots[index as usize];
+        let stream = slot.work.as_ref().and_then(|w| w.stream.as_ref());
+        if let (Some(stream), Some(stats)) = (stream, self.stats.get(slot.pool as usize)) {
+            let waited = stream.waited_us();
+            stats
+                .stream_send_wait_us
+                .fetch_add(waited, Ordering::Relaxed);
+        }
         let key = slot.waiter as usize;
         if self.newest.get(&key) == Some(&join(slot.gen, index)) {
             self.newest.remove(&key);
@@ -523,6 +642,16 @@ impl Tasks {
     /// Whether some anchors can be let go of.
     pub fn has_reaped(&self) -> bool {
         !self.reaped.is_empty()
+    }
+
+    /// Lets every stream's handler that waits for room go on (worker
+    /// exit: nobody reads any more).
+    pub fn close_streams(&self) {
+        let streams = self
+            .slots
+            .iter()
+            .filter_map(|s| s.work.as_ref()?.stream.as_ref());
+        streams.for_each(crate::handoff::stream::Stream::close);
     }
 
     /// Drops every record and semaphore (worker exit).

@@ -679,10 +679,16 @@ pub fn env_u64(name: &str, default: u64) -> u64 {
 
 /// Resident set size of a process in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A size in KiB from /proc/PID/status (`field` with its colon: "VmHWM:",
+/// the peak RSS); 0 when absent.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }

@@ -28,17 +28,28 @@ pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 pub const EXT_BORROWED: i8 = 1;
 
 /// The version of the C ABI (the header's `NGX_THREADPOOL_ABI_VERSION`):
-/// what a handler library's `ngx_threadpool_abi_version` returns. The
-/// module refuses a library built for another one.
-pub const ABI_VERSION: u32 = 1;
+/// what a handler library's `ngx_threadpool_abi_version` returns. Version
+/// 2 added a task's `send` and `receive` (streams) at the end of
+/// `ngx_tp_task_t`.
+pub const ABI_VERSION: u32 = 2;
+
+/// The oldest version the module loads: a version 1 library never reads
+/// the fields version 2 added.
+pub const ABI_VERSION_MIN: u32 = 1;
 
 /// The return codes of `ngx_threadpool_init` and `ngx_threadpool_process`
-/// (`NGX_TP_OK`, `NGX_TP_ERROR`).
+/// (`NGX_TP_OK`, `NGX_TP_ERROR`), and of a task's `send` and `receive`.
 pub mod status {
     /// The payload written holds the results.
     pub const OK: i32 = 0;
     /// The payload written holds one error value.
     pub const ERROR: i32 = 1;
+    /// `NGX_TP_CANCELLED`: the stream's caller let go.
+    pub const CANCELLED: i32 = 2;
+    /// `NGX_TP_END`: the stream's input ended.
+    pub const END: i32 = 3;
+    /// `NGX_TP_NO_STREAM`: the task was not pushed with push_stream.
+    pub const NO_STREAM: i32 = 4;
 }
 
 /// The levels of the ABI's log function, nginx's own (`NGX_TP_LOG_ERR` ...

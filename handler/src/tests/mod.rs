@@ -84,6 +84,15 @@ unsafe extern "C" fn cancelled(task: *const ngx_tp_task_t) -> c_int {
     unsafe { (*(*task).module.cast::<AtomicBool>()).load(Ordering::Relaxed) as c_int }
 }
 
+/// A task pushed otherwise than by push_stream.
+unsafe extern "C" fn no_stream_send(_: *const ngx_tp_task_t, _: *const u8, _: usize) -> c_int {
+    ngx_threadpool_wire::status::NO_STREAM
+}
+
+unsafe extern "C" fn no_stream_receive(_: *const ngx_tp_task_t, _: *mut ngx_tp_out_t) -> c_int {
+    ngx_threadpool_wire::status::NO_STREAM
+}
+
 /// A task as the module hands it over: `payload`, borrowing `spans`.
 struct RawTask {
     raw: ngx_tp_task_t,
@@ -99,6 +108,8 @@ fn raw_task(payload: &[u8], spans: &[&[u8]], flag: &AtomicBool) -> RawTask {
             nspans: spans.len(),
             cancelled,
             module: (flag as *const AtomicBool).cast(),
+            send: no_stream_send,
+            receive: no_stream_receive,
         },
         _spans: spans,
     }
