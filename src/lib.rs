@@ -11,7 +11,8 @@
 //!   (`block.rs`), its errors (`error.rs`), a pool's settings declared in
 //!   one place (`settings.rs`).
 //! - `api/`: what the event loop offers. The C functions behind
-//!   lua/resty/threadpool.lua (`functions.rs`) and `thread_pool_status`
+//!   lua/resty/threadpool.lua: their registration (`mod.rs`), tasks
+//!   (`functions.rs`), streams (`streams.rs`); and `thread_pool_status`
 //!   (`status.rs`).
 //! - `worker/`: the event loop's side of the hand-off. The worker's pools
 //!   and completions (`mod.rs`), its start (`start.rs`), task records
@@ -43,7 +44,7 @@
 //! | `lua/` | `mod.rs` `alloc.rs` `call.rs` `stack.rs` | the Lua C API below mlua's safe API |
 //! | (root) | `lib.rs` | the module record and the hooks nginx calls with raw pointers |
 //! | `conf/` | `mod.rs` | the setters nginx calls with its configuration; the main conf in a cycle |
-//! | `api/` | `functions.rs` `status.rs` | the shim's C functions on the caller's Lua stack; the status handler |
+//! | `api/` | `mod.rs` `functions.rs` `streams.rs` `status.rs` | the shim's C functions on the caller's Lua stack (their registration, tasks, streams); the status handler |
 //! | `worker/` | `mod.rs` `start.rs` `stats.rs` `tasks.rs` | task lists in a request's pool, init_process, counters in shared memory |
 //! | `handoff/` | `stream.rs` | the stream of the task a pool thread runs, which its handler's sends reach |
 //! | `pool/` | `compare.rs` `handler.rs` `shadow.rs` `thread.rs` | a task's borrowed bytes (spans), alive until its completion |
@@ -69,7 +70,7 @@ pub mod pool;
 pub mod vm;
 pub mod worker;
 
-use api::{functions, status};
+use api::status;
 use conf::{settings, MainConf, BLOCK, FILE, INIT, PROCESS};
 use ngx::conf::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::module::{command, module, NULL_COMMAND};
@@ -234,7 +235,7 @@ unsafe extern "C" fn init_main_conf(cf: *mut sys::ngx_conf_t, _conf: *mut c_void
     ngx::guard::no_unwind("init_main_conf", NGX_CONF_ERROR, || {
         // SAFETY: nginx passes the configuration being parsed.
         let parsing = unsafe { ngx::conf::Conf::from_raw(cf) };
-        if ngx::lua::add_preload(parsing, functions::PACKAGE, functions::open) {
+        if ngx::lua::add_preload(parsing, api::PACKAGE, api::open) {
             NGX_CONF_OK
         } else {
             NGX_CONF_ERROR

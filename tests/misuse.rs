@@ -1,4 +1,4 @@
-//! The module's C functions (`require "ngx_threadpool"`, src/api/functions.rs)
+//! The module's C functions (`require "ngx_threadpool"`, src/api/)
 //! are reachable from any Lua code on the event loop, not only from
 //! lua/resty/threadpool.lua: whatever they are called with, the worker
 //! survives, keeps serving and leaks nothing.

@@ -21,7 +21,7 @@ local tostring = tostring
 local type = type
 local floor = math.floor
 
--- The module's C functions on this VM's stack (src/api/functions.rs).
+-- The module's C functions on this VM's stack (src/api/).
 local API_VERSION = 13
 local core
 do
@@ -183,7 +183,7 @@ Pool.__index = Pool
 local Stream = {}
 Stream.__index = Stream
 
--- read's first value (src/api/functions.rs): a chunk follows, or the end.
+-- read's first value (src/api/streams.rs): a chunk follows, or the end.
 local READ_CHUNK = 1
 local READ_DONE = 2
 local MAX_CHUNKS = 65536

@@ -33,12 +33,11 @@ use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
 use crate::handoff::job::TaskId;
 use crate::handoff::payload::{Args, Payload};
-use crate::handoff::stream::Written;
 use crate::lua::stack;
 use crate::ngx::guard;
-use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE, YIELDABLE_NAMES};
+use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE};
 use crate::ngx::shim::{ErrOut, Request};
-use crate::worker::tasks::{Caller, Read, Release, RequestTasks};
+use crate::worker::tasks::{Caller, Release, RequestTasks};
 use crate::worker::{with_worker, WorkerError, OVERLOADED};
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
@@ -51,73 +50,20 @@ pub const AGAIN: c_int = -2;
 pub const DECLINED: c_int = -5;
 pub const BAD_CONTEXT: c_int = -101;
 
-/// The name `require` finds these functions under.
-pub const PACKAGE: &CStr = c"ngx_threadpool";
-
-/// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 13;
-
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
 /// table, for the shim's stats); where a push may wait is `yieldable`
 /// (YIELDABLE_NAMES, for the shim's error elsewhere).
-const NOT_STARTED: &str =
+pub(super) const NOT_STARTED: &str =
     "thread pools start after init_worker_by_lua: reach them from ngx.timer.at(0, ...)";
 
 const ANCHORS: c_int = lua::lua_upvalueindex(1);
 const N_KEY: c_int = lua::lua_upvalueindex(2);
 
-/// The loader `require "ngx_threadpool"` runs: the table of functions.
-///
-/// # Safety
-/// Called by Lua, as a lua_CFunction, on the event loop.
-pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
-    type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
-    let functions: [(&CStr, F); 14] = [
-        (c"pool_id", pool_id),
-        (c"stats", stats),
-        (c"push", push),
-        (c"push_batch", push_batch),
-        (c"post", post),
-        (c"result", result),
-        (c"results", results),
-        (c"release", release),
-        (c"reap", reap),
-        (c"push_stream", push_stream),
-        (c"read", read),
-        (c"close", close),
-        (c"write", write),
-        (c"close_write", close_write),
-    ];
-    // SAFETY: a loader runs as a Lua function on the event loop, with
-    // LUA_MINSTACK free slots; it only pushes and sets fields (raising
-    // only out of memory, before anything is made).
-    unsafe {
-        lua::lua_createtable(l, 0, functions.len() as c_int + 3);
-        let module = lua::lua_gettop(l);
-        lua::lua_createtable(l, 0, 0);
-        lua::lua_pushlstring_(l, c"n".as_ptr(), 1);
-        for (name, f) in functions {
-            lua::lua_pushvalue(l, module + 1);
-            lua::lua_pushvalue(l, module + 2);
-            lua::lua_pushcclosure(l, f, 2);
-            lua::lua_setfield(l, module, name.as_ptr());
-        }
-        lua::lua_pushinteger(l, API_VERSION as lua::lua_Integer);
-        lua::lua_setfield(l, module, c"version".as_ptr());
-        lua::lua_pushlstring_(l, NOT_STARTED.as_ptr().cast(), NOT_STARTED.len());
-        lua::lua_setfield(l, module, c"not_started".as_ptr());
-        lua::lua_pushlstring_(l, YIELDABLE_NAMES.as_ptr().cast(), YIELDABLE_NAMES.len());
-        lua::lua_setfield(l, module, c"yieldable".as_ptr());
-        lua::lua_settop(l, module);
-    }
-    1
-}
-
 /// Pushes `code` and a message: what a call that queued nothing returns.
 ///
 /// # Safety
 /// Called from one of the functions above, on its stack.
-unsafe fn refused(l: *mut lua_State, code: c_int, msg: &str) -> c_int {
+pub(super) unsafe fn refused(l: *mut lua_State, code: c_int, msg: &str) -> c_int {
     // SAFETY: l is the running state of a function Lua called (the contract),
     // whose stack has LUA_MINSTACK free slots for the two values; the string
     // push may raise, with nothing queued.
@@ -135,7 +81,7 @@ unsafe fn refused(l: *mut lua_State, code: c_int, msg: &str) -> c_int {
 ///
 /// # Safety
 /// Called by one of the functions above on its stack, owning nothing yet.
-unsafe fn bad_argument(l: *mut lua_State, i: c_int, f: &CStr, msg: &CStr) -> ! {
+pub(super) unsafe fn bad_argument(l: *mut lua_State, i: c_int, f: &CStr, msg: &CStr) -> ! {
     // SAFETY: l is the running state of a function Lua called, owning nothing
     // (the contract): lua_error unwinds through frames that hold nothing to
     // drop, to the calling Lua code; the message's pieces are C strings.
@@ -181,7 +127,13 @@ unsafe fn check_type(l: *mut lua_State, i: c_int, f: &CStr, t: c_int) {
 ///
 /// # Safety
 /// As bad_argument.
-unsafe fn int_arg(l: *mut lua_State, i: c_int, f: &CStr, range: (f64, f64), msg: &CStr) -> i64 {
+pub(super) unsafe fn int_arg(
+    l: *mut lua_State,
+    i: c_int,
+    f: &CStr,
+    range: (f64, f64),
+    msg: &CStr,
+) -> i64 {
     // SAFETY: l is the running state of a function Lua called, owning nothing
     // (bad_argument's contract), as check_type and bad_argument need; reading
     // a number neither allocates nor raises.
@@ -200,7 +152,7 @@ unsafe fn int_arg(l: *mut lua_State, i: c_int, f: &CStr, range: (f64, f64), msg:
 ///
 /// # Safety
 /// As bad_argument.
-unsafe fn pool_arg(l: *mut lua_State, i: c_int, f: &CStr) -> usize {
+pub(super) unsafe fn pool_arg(l: *mut lua_State, i: c_int, f: &CStr) -> usize {
     let last = crate::conf::running_pools().len() as f64 - 1.0;
     // SAFETY: l is the running state of a function Lua called, owning nothing
     // (this function's contract), as int_arg needs.
@@ -211,7 +163,7 @@ unsafe fn pool_arg(l: *mut lua_State, i: c_int, f: &CStr) -> usize {
 ///
 /// # Safety
 /// As bad_argument.
-unsafe fn ms_arg(l: *mut lua_State, i: c_int, f: &CStr) -> c_int {
+pub(super) unsafe fn ms_arg(l: *mut lua_State, i: c_int, f: &CStr) -> c_int {
     let range = (1.0, f64::from(c_int::MAX));
     // SAFETY: l is the running state of a function Lua called, owning nothing
     // (this function's contract), as int_arg needs.
@@ -336,7 +288,7 @@ unsafe fn holds(l: *mut lua_State, table: c_int, spans: &[Span]) -> bool {
 ///
 /// # Safety
 /// As refused.
-unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
+pub(super) unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
     // SAFETY: l is the running state of a function of this module's table,
     // whose upvalue ANCHORS is the anchor table; setting an existing key to
     // nil neither allocates nor raises.
@@ -354,7 +306,7 @@ unsafe fn unanchor(l: *mut lua_State, keys: &[u64]) {
 /// `thread_pool_deadline` in ms (nil: none). Read from the configuration,
 /// so it also answers before the worker's threads exist
 /// (init_worker_by_lua runs first).
-unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the argument is checked first, and a string's
     // bytes stay put while it is on the stack.
     unsafe {
@@ -376,7 +328,7 @@ unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
 
 /// `counters = stats(pool)`: this worker's counters of pool `pool`, an
 /// array in worker/stats.rs's order; nil outside a worker.
-unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the argument is checked first. The counters
     // are a local: an error raised while the table is built drops them.
     unsafe {
@@ -400,7 +352,7 @@ unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
 /// busy worker lets go as it goes. Once the worker stopped there is
 /// nothing to reap, and the configuration is not read: at exit, the main
 /// VM's last collection runs this after the cycle's memory is gone.
-unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua on the event loop.
     if with_worker(|w| w.tasks.has_reaped()) != Some(true) || unsafe { lender(l) }.is_none() {
         return 0;
@@ -425,7 +377,7 @@ unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
 /// queued: DECLINED when the queue is full, BAD_CONTEXT where it may not
 /// wait, ERROR and a message ("overloaded" when the pool cannot finish the
 /// task before its deadline).
-unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the arguments are checked before anything
     // else; the values are at 4..=top.
     unsafe {
@@ -444,7 +396,7 @@ unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
 ///
 /// # Safety
 /// As refused, with the arguments checked.
-unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode, first: c_int) -> c_int {
+pub(super) unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode, first: c_int) -> c_int {
     // SAFETY: forwarded; the values are at first..=top.
     unsafe {
         let n = (lua::lua_gettop(l) - first + 1).max(0) as usize;
@@ -470,7 +422,7 @@ unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode, first: c_int) -> 
 /// task per entry of list[1..count], count <= #list, an argument table
 /// whose `n` field, when a number, counts its values; the results come
 /// with `results()`. One record, one wait.
-unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the arguments are checked before anything
     // else (list at 4, a table); each entry is pushed at 6, above the
     // count, with the walk's slots reserved above it.
@@ -580,7 +532,7 @@ fn new_args() -> Args {
 
 /// What a push does once its tasks are queued.
 #[derive(Clone, Copy)]
-enum Mode {
+pub(super) enum Mode {
     /// Waits for them this long (ms), and the deadline from now if it is
     /// one.
     Wait(c_int, Option<Duration>),
@@ -658,7 +610,7 @@ enum Queued {
 ///
 /// # Safety
 /// `l` is the running coroutine, on the event loop.
-unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Caller), ()>> {
+pub(super) unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Caller), ()>> {
     // SAFETY: l is the running coroutine on the event loop (the contract);
     // request_of gives its request or null, which from_raw turns into None.
     let r = unsafe { Request::from_raw(request_of(l)) }.filter(Request::may_yield)?;
@@ -728,7 +680,7 @@ fn queue_and_wait(l: *mut lua_State, pool: usize, mode: Mode, args: Args, anchor
 
 /// `ok, err = post(pool, ...)`: queues a task whose result nobody takes.
 /// Its arguments borrow nothing: nobody would hear when they are free.
-unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn post(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the pool checked before anything else; the
     // values at 2..=top.
     unsafe {
@@ -799,7 +751,7 @@ unsafe fn take(l: *mut lua_State) -> Option<Vec<Payload>> {
 
 /// Gives the result buffers back for reuse; the pins of borrowed strings
 /// go with their payloads.
-fn recycle(results: Vec<Payload>) {
+pub(super) fn recycle(results: Vec<Payload>) {
     with_worker(|w| w.tasks.recycle(results));
 }
 
@@ -807,7 +759,7 @@ fn recycle(results: Vec<Payload>) {
 /// coroutine's task, once its push was resumed with true, or nil and the
 /// error (the handler's error value, or the module's: "no result" when
 /// it has no finished task).
-unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; its arguments are not read; the results are
     // a local here, so an error raised while building the values drops
     // them.
@@ -829,7 +781,7 @@ unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
 /// # Safety
 /// As refused, with `keep` values on the stack; the payloads' borrowed
 /// strings alive.
-unsafe fn push_result(l: *mut lua_State, results: &[Payload], keep: c_int) -> c_int {
+pub(super) unsafe fn push_result(l: *mut lua_State, results: &[Payload], keep: c_int) -> c_int {
     // SAFETY: forwarded; on an error the stack is put back to `keep`
     // before nil and the message.
     unsafe {
@@ -874,7 +826,7 @@ unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
 
 /// `results = results()`: as result, a batch's results in task order,
 /// each `{ true, values..., n = k }` or `{ false, err, n = 2 }`.
-unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
     // SAFETY: l is the running state of a function Lua called, on the event
     // loop, with LUA_MINSTACK free slots; the payloads are read, some at a
     // time, before their entries are built, and each entry is built above the
@@ -923,7 +875,7 @@ unsafe extern "C-unwind" fn results(l: *mut lua_State) -> c_int {
 /// resumed with false, "timeout"): its running task is abandoned, its
 /// tasks not started are skipped and its late results dropped; a
 /// finished one is freed.
-unsafe extern "C-unwind" fn release(l: *mut lua_State) -> c_int {
+pub(super) unsafe extern "C-unwind" fn release(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; its arguments are not read.
     let Some(Ok((_, caller))) = (unsafe { caller_of(l) }) else {
         return 0;
@@ -936,268 +888,5 @@ unsafe extern "C-unwind" fn release(l: *mut lua_State) -> c_int {
             Some(())
         })
     });
-    0
-}
-
-/// What `read` pushes first: a chunk follows, or the handler's return
-/// values (or nil and its error) follow.
-const CHUNK: c_int = 1;
-const DONE: c_int = 2;
-
-/// The most a stream's id can be: generation < 2^20 above 32 bits.
-const MAX_ID: f64 = 9_007_199_254_740_991.0;
-
-/// `id = push_stream(pool, chunks, ...)`: queues one task whose handler
-/// may send chunks, at most `chunks` unread (0: the pool's
-/// thread_pool_stream_chunks), and returns the stream's id at once; its
-/// chunks and results come with `read(id, ms)`. Refusals as push.
-unsafe extern "C-unwind" fn push_stream(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua; the arguments are checked before anything
-    // else; the values are at 3..=top.
-    unsafe {
-        let f = c"push_stream";
-        let pool = pool_arg(l, 1, f);
-        let max = crate::conf::settings::STREAM_CHUNKS_MAX as f64;
-        let chunks = int_arg(l, 2, f, (0.0, max), c"chunks out of range: 1 to 65536") as usize;
-        let chunks = match chunks {
-            0 => crate::conf::running_pools()
-                .get(pool)
-                .map_or(1, |p| p.settings.stream_chunks),
-            n => n,
-        };
-        push_one(l, pool, Mode::Stream(chunks), 3)
-    }
-}
-
-/// What a read got.
-enum Got {
-    Chunk(Payload),
-    Results(Vec<Payload>, u64),
-    /// The coroutine waits on the stream's semaphore: yield (AGAIN), or
-    /// read again at once (OK: a resource was there).
-    Waiting(c_int),
-    Refused(c_int, String),
-}
-
-/// `code, values... = read(id, timeout_ms)`: the next of the running
-/// coroutine's stream `id`: CHUNK and the chunk, or, once every chunk was
-/// read and the handler returned, DONE and its return values (or nil and
-/// its error). Else the coroutine waits for the next of them, at most
-/// `timeout_ms`, and yields: true when there may be one (read again),
-/// false and "timeout". A negative code and a message: nothing to wait
-/// for (no such stream of this coroutine's, or the wait refused).
-unsafe extern "C-unwind" fn read(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua; the arguments are checked before anything
-    // else; what is taken is a local here, so an error raised while the
-    // values are built drops it.
-    unsafe {
-        let f = c"read";
-        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
-        let ms = ms_arg(l, 2, f);
-        let (r, caller) = match caller_of(l) {
-            None => return refused(l, BAD_CONTEXT, ""),
-            Some(Err(())) => return refused(l, ERROR, "no memory"),
-            Some(Ok(found)) => found,
-        };
-        let got = guard::catch(|| {
-            with_worker(|w| {
-                let Some(id) = w.tasks.stream_of(caller, id) else {
-                    return Got::Refused(ERROR, STREAM_CLOSED.into());
-                };
-                match w.tasks.read_stream(id) {
-                    Read::Chunk(chunk) => Got::Chunk(chunk),
-                    Read::Done => match w.tasks.take_result(id) {
-                        Some((results, anchor)) => Got::Results(results, anchor),
-                        None => Got::Refused(ERROR, STREAM_CLOSED.into()),
-                    },
-                    Read::Gone => Got::Refused(ERROR, STREAM_CLOSED.into()),
-                    Read::Wait => match wait_on(l, &r, w, id, ms) {
-                        Ok(rc) => Got::Waiting(rc),
-                        Err(msg) => Got::Refused(ERROR, msg),
-                    },
-                }
-            })
-            .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
-        })
-        .unwrap_or_else(|panic| Got::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
-        lua::lua_settop(l, 0);
-        match got {
-            Got::Waiting(AGAIN) => lua::lua_yield(l, 0),
-            Got::Waiting(_) => {
-                lua::lua_pushboolean(l, 1);
-                1
-            }
-            Got::Refused(rc, msg) => refused(l, rc, &msg),
-            Got::Chunk(chunk) => {
-                lua::lua_pushinteger(l, CHUNK as lua::lua_Integer);
-                let results = vec![chunk];
-                let n = push_result(l, &results, 2);
-                recycle(results);
-                n
-            }
-            Got::Results(results, anchor) => {
-                if anchor != 0 {
-                    unanchor(l, &[anchor]);
-                }
-                lua::lua_pushinteger(l, DONE as lua::lua_Integer);
-                let n = push_result(l, &results, 2);
-                recycle(results);
-                n
-            }
-        }
-    }
-}
-
-/// Starts the running coroutine's wait on stream `id`'s semaphore: the
-/// wait's code (AGAIN: yield; OK: a resource was there), else why not.
-///
-/// # Safety
-/// `l` is the running coroutine of `r`'s handler, on the event loop.
-unsafe fn wait_on(
-    l: *mut lua_State,
-    r: &Request,
-    w: &mut crate::worker::Worker,
-    id: TaskId,
-    ms: c_int,
-) -> Result<c_int, String> {
-    // SAFETY: forwarded.
-    if !unsafe { may_suspend(l) } {
-        return Err(NOT_YIELDABLE.into());
-    }
-    let mut buf = [0u8; 256];
-    let mut len = buf.len();
-    // SAFETY: a stack buffer for the message.
-    let err = unsafe { ErrOut::new(buf.as_mut_ptr(), &mut len) };
-    let sema = w.tasks.sema(id).ok_or(STREAM_CLOSED)?;
-    match crate::ngx::shim::wait(sema, r, ms, &err) {
-        ERROR => Err(String::from_utf8_lossy(&buf[..len]).into_owned()),
-        rc => Ok(rc),
-    }
-}
-
-/// `code, msg = write(id, timeout_ms, wait, chunk)`: appends one value to
-/// the input of the running coroutine's stream `id`: OK; DECLINED when
-/// its bound of unread chunks is reached and `wait` is false; else, with
-/// `wait`, the coroutine waits for room, at most `timeout_ms`, and
-/// yields: true (write again) or false and "timeout". ERROR and a
-/// message: the input ended, the value cannot cross, or no such stream.
-unsafe extern "C-unwind" fn write(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua; the arguments are checked before anything
-    // else; the chunk is a local here until it is handed over.
-    unsafe {
-        let f = c"write";
-        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
-        let ms = ms_arg(l, 2, f);
-        let wait = lua::lua_toboolean(l, 3) != 0;
-        lua::lua_settop(l, 4);
-        if lua::lua_type(l, 4) == lua::LUA_TNIL {
-            bad_argument(l, 4, f, c"a chunk expected, got nil")
-        }
-        let (r, caller) = match caller_of(l) {
-            None => return refused(l, BAD_CONTEXT, ""),
-            Some(Err(())) => return refused(l, ERROR, "no memory"),
-            Some(Ok(found)) => found,
-        };
-        let mut chunk = Payload::default();
-        if let Err(e) = codec::write_values(
-            l,
-            Source::Stack(4),
-            1,
-            "chunk",
-            None,
-            &mut chunk.bytes,
-            &mut chunk.spans,
-        ) {
-            return refused(l, ERROR, &e.to_string());
-        }
-        let wrote = guard::catch(|| {
-            with_worker(|w| {
-                let Some(id) = w.tasks.stream_of(caller, id) else {
-                    return Got::Refused(ERROR, STREAM_CLOSED.into());
-                };
-                match w.tasks.write_stream(id, chunk, wait) {
-                    Written::Done => Got::Waiting(OK),
-                    Written::Full(_) if !wait => Got::Refused(DECLINED, INPUT_FULL.into()),
-                    Written::Full(_) => match wait_on(l, &r, w, id, ms) {
-                        // a resource was there: write again
-                        Ok(OK) => Got::Refused(AGAIN, String::new()),
-                        Ok(rc) => Got::Waiting(rc),
-                        Err(msg) => Got::Refused(ERROR, msg),
-                    },
-                    Written::Ended => Got::Refused(ERROR, INPUT_ENDED.into()),
-                }
-            })
-            .unwrap_or_else(|| Got::Refused(ERROR, "not in a worker process".into()))
-        })
-        .unwrap_or_else(|panic| Got::Refused(ERROR, ngx_threadpool_wire::panicked(panic)));
-        lua::lua_settop(l, 0);
-        match wrote {
-            Got::Waiting(AGAIN) => lua::lua_yield(l, 0),
-            Got::Waiting(_) => {
-                lua::lua_pushinteger(l, OK as lua::lua_Integer);
-                1
-            }
-            Got::Refused(AGAIN, _) => {
-                lua::lua_pushboolean(l, 1);
-                1
-            }
-            Got::Refused(rc, msg) => refused(l, rc, &msg),
-            Got::Chunk(_) | Got::Results(..) => 0,
-        }
-    }
-}
-
-/// What a write gets when the stream's input is full and it may not wait.
-const INPUT_FULL: &str = "stream input full";
-/// What a write gets once the input was ended or the handler returned.
-const INPUT_ENDED: &str = "stream input ended";
-
-/// `close_write(id)`: the running coroutine wrote its last chunk to its
-/// stream `id`: the handler's receive() gives nil after the chunks.
-unsafe extern "C-unwind" fn close_write(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua; the argument is checked first.
-    unsafe {
-        let id = int_arg(l, 1, c"close_write", (1.0, MAX_ID), c"not a stream") as TaskId;
-        let Some(Ok((_, caller))) = caller_of(l) else {
-            return 0;
-        };
-        let _ = guard::catch(|| {
-            with_worker(|w| {
-                let id = w.tasks.stream_of(caller, id)?;
-                w.tasks.end_input(id);
-                Some(())
-            })
-        });
-    }
-    0
-}
-
-/// What a read of a stream that is no longer there gets.
-const STREAM_CLOSED: &str = "stream closed";
-
-/// `close(id, timed_out)`: the running coroutine lets go of its stream
-/// `id` (its read timed out, when `timed_out` is true): a running handler
-/// is cancelled (its sends fail at once), unread chunks are dropped.
-unsafe extern "C-unwind" fn close(l: *mut lua_State) -> c_int {
-    // SAFETY: called by Lua; the arguments are checked first.
-    unsafe {
-        let id = int_arg(l, 1, c"close", (1.0, MAX_ID), c"not a stream") as TaskId;
-        let why = if lua::lua_toboolean(l, 2) != 0 {
-            Release::Timeout
-        } else {
-            Release::Closed
-        };
-        let Some(Ok((_, caller))) = caller_of(l) else {
-            return 0;
-        };
-        let _ = guard::catch(|| {
-            with_worker(|w| {
-                let id = w.tasks.stream_of(caller, id)?;
-                crate::ngx::log::debug(format_args!("stream {id:#x} closed by its caller"));
-                drop(w.tasks.release(id, why));
-                Some(())
-            })
-        });
-    }
     0
 }
