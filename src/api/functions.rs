@@ -397,7 +397,8 @@ pub(super) unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
 /// # Safety
 /// As refused, with the arguments checked.
 pub(super) unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode, first: c_int) -> c_int {
-    // SAFETY: forwarded; the values are at first..=top.
+    // SAFETY: called from push or push_stream on the caller's stack with
+    // the pool and mode checked; the values to encode are at first..=top.
     unsafe {
         let n = (lua::lua_gettop(l) - first + 1).max(0) as usize;
         let borrow = borrow_of(l, pool);
@@ -782,8 +783,9 @@ pub(super) unsafe extern "C-unwind" fn result(l: *mut lua_State) -> c_int {
 /// As refused, with `keep` values on the stack; the payloads' borrowed
 /// strings alive.
 pub(super) unsafe fn push_result(l: *mut lua_State, results: &[Payload], keep: c_int) -> c_int {
-    // SAFETY: forwarded; on an error the stack is put back to `keep`
-    // before nil and the message.
+    // SAFETY: the caller's stack holds `keep` values and the payloads'
+    // borrowed strings are alive (the contract); on an error the stack is
+    // put back to `keep` before nil and the message.
     unsafe {
         let failed = |l, msg: &str| {
             lua::lua_settop(l, keep - 1);

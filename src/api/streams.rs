@@ -140,7 +140,8 @@ unsafe fn wait_on(
     id: TaskId,
     ms: c_int,
 ) -> Result<c_int, String> {
-    // SAFETY: forwarded.
+    // SAFETY: `l` is the running coroutine of a request's handler on the
+    // event loop (the contract), which may_suspend asks lua-nginx-module about.
     if !unsafe { may_suspend(l) } {
         return Err(NOT_YIELDABLE.into());
     }

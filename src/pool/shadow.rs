@@ -88,7 +88,8 @@ impl Shadow {
     /// task is not finished yet: its completion has not gone).
     pub unsafe fn offer(&self, job: &Work, i: usize, result: &Payload) {
         if self.sample.take() {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: offer's caller keeps the arguments' and the result's
+            // spans alive until this returns, as queue needs.
             unsafe { self.queue(job, i, result, None) };
         }
     }
@@ -106,7 +107,8 @@ impl Shadow {
     /// # Safety
     /// As offer.
     pub unsafe fn offer_stream(&self, job: &Work, result: &Payload, recorded: Recorded) {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: offer_stream's caller keeps the arguments' and the
+        // result's spans alive until this returns, as queue needs.
         unsafe { self.queue(job, 0, result, Some(recorded)) };
     }
 

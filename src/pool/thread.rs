@@ -302,7 +302,9 @@ pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
                     // chunks: nothing to compare
                     (Some(shadow), Some(stream)) if !job.cancelled().is_cancelled() => {
                         if let Some(recorded) = stream.take_recorded() {
-                            // SAFETY: as above.
+                            // SAFETY: the stream's task is not finished: its
+                            // completion has not gone, so the arguments'
+                            // strings and the result's pin are alive.
                             unsafe { shadow.offer_stream(&job, &result, recorded) };
                         }
                     }
