@@ -18,3 +18,10 @@ THROUGHPUT_C = (1, 8, 32, 128)
 # the Lua WAF in a pool, rust the Rust WAF in a pool.
 WAF_VARIANTS = ("none", "inline", "tp", "rust")
 
+# The stream section: an output of STREAM_MIB in chunks of STREAM_CHUNK
+# bytes over HTTP, streamed or whole; and chunks of STREAM_SIZES read
+# inside nginx from one stream or as one push_task each.
+STREAM_MIB = 64
+STREAM_CHUNK = 65536
+STREAM_MODES = ("stream", "whole")
+STREAM_SIZES = (1024, 65536)

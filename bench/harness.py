@@ -116,6 +116,8 @@ POOL_HANDLERS = {
     "waf_lua": "thread_pool_process_by_lua_file waf_lua {repo}/nginx-conf/waf.lua;",
     "waf_rust": f"thread_pool_process_by_rust waf_rust {WAF_RUST_LIB} {WAF_RULES};",
     "mech": "thread_pool_process_by_lua mech \"return require('bench_mech').task\";",
+    "stream_lua": "thread_pool_process_by_lua stream_lua "
+                  "\"return require('bench_stream').task\";",
     rust_pool.POOL: rust_pool.DIRECTIVE,
 }
 # The pools of POOL_HANDLERS whose handler is a library: the library, and

@@ -4,6 +4,8 @@ import rust_pool
 from cells import HANDOFF_C, PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS
 from figures import (LABEL, PAYLOAD_LABEL, WAF_LABEL, cell_stats, overhead, waf_stats,
                      wrk_agg)
+from report_stream import PLOT as STREAM_PLOT
+from report_stream import plot_stream
 
 COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange",
           "tpc": "tab:red", "tpb": "tab:green", rust_pool.VARIANT: "tab:purple"}
@@ -12,7 +14,7 @@ PLOTTED = VARIANTS + (rust_pool.VARIANT,)
 WAF_COLORS = {"none": "tab:gray", "inline": "tab:blue", "tp": "tab:orange", "rust": "tab:red"}
 
 PLOTS = ("handoff_latency.png", "handoff_throughput.png", "handoff_cost.png",
-         "hol_latency.png", "sort_throughput.png", "waf_cpu.png")
+         "hol_latency.png", "sort_throughput.png", "waf_cpu.png", STREAM_PLOT)
 
 
 def handoff_axis(ax, p):
@@ -151,3 +153,5 @@ def plots(res, out_dir):
             fig.tight_layout()
             fig.savefig(out_dir / "waf_cpu.png", dpi=80)
             plt.close(fig)
+
+    plot_stream(res, out_dir, plt, note)

@@ -17,6 +17,7 @@ from figures import (LABEL, WAF_LABEL, f_num, f_ratio, mark, median,  # noqa: E4
                      ratio, table, waf_stats, wrk_agg)
 from plots import PLOTS, plots  # noqa: E402
 from report_handoff import md_handoff  # noqa: E402
+from report_stream import md_stream  # noqa: E402
 
 
 # ---- sections ------------------------------------------------------------
@@ -331,6 +332,11 @@ def md_mechanisms(res, targets):
     return "\n".join(out)
 
 
+# The sections whose results keep their nginx's log lines and whether
+# its worker lived (the memory section keeps a log per nginx).
+LOGGED = ("handoff", "hol", "throughput", "waf", "mechanisms", "stream")
+
+
 def md_problems(res):
     """Everything that went wrong: failed sections, crashed workers and
     the error.log lines, grouped."""
@@ -338,13 +344,13 @@ def md_problems(res):
     for s, f in res.get("failures", {}).items():
         out.append(f"- Section **{s}** failed: `{f['error']}`")
         out += [f"  - `{line[:300]}`" for line in f["log"][-10:]]
-    for s in ("handoff", "hol", "throughput", "waf", "mechanisms"):
+    for s in LOGGED:
         sec = res.get(s)
         if sec and not sec.get("alive", True):
             out.append(f"- Section **{s}**: the worker process died during the run "
                        "(see the log lines below)")
     logs = {}
-    for s in ("handoff", "hol", "throughput", "waf", "mechanisms"):
+    for s in LOGGED:
         if res.get(s):
             logs[s] = res[s].get("log", [])
     for name, lines in res.get("memory", {}).get("log", {}).items():
@@ -398,6 +404,7 @@ def render(res, out_dir):
         "memory": md_memory(res, targets),
         "waf": md_waf(res, targets),
         "mechanisms": md_mechanisms(res, targets),
+        "stream": md_stream(res, targets),
     }
     plots(res, out_dir)
     images = [p for p in PLOTS if (out_dir / p).exists()]
@@ -419,6 +426,7 @@ def render(res, out_dir):
         "## Memory\n", body["memory"],
         "## WAF: Lua + PCRE against Rust's regex\n", body["waf"],
         "## Mechanisms: the event loop's poll, cancellation\n", body["mechanisms"],
+        "## Streams: a large output streamed or whole\n", body["stream"],
         "## Errors, crashes and log lines\n", md_problems(res),
         *md_other_release(out_dir),
         "## Plots\n",

@@ -17,6 +17,10 @@ only), runs seven sections and writes bench/REPORT.md and bench/*.png
               poll for completions (its sleeps and the pool thread's
               eventfd writes per task) and how soon a handler sees
               cancelled(), and at what cost
+  stream      a 64 MiB output in 64 KiB chunks, streamed (push_stream)
+              or whole: time to first byte, total time, the worker's
+              peak RSS; MB/s and event-loop CPU per chunk against a
+              push_task of the same size; a Lua pool and a Rust pool
 
 Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
 ~1 minute smoke version; the full run takes ~15 minutes.
@@ -26,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -39,6 +44,7 @@ import report  # noqa: E402
 import rust_pool  # noqa: E402
 from cells import (HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS,  # noqa: E402
                    SMALL_PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS)
+from cells import STREAM_CHUNK, STREAM_MIB, STREAM_MODES, STREAM_SIZES  # noqa: E402
 from harness import (BENCH, OUT, REPO, WRK, Nginx, kib, log,  # noqa: E402
                      others_cpu_s, pool_threads_cpu_us, rss_kib, start_native,
                      WRK_SCRIPT, thread_count, thread_cpu_us, thread_writes, wrk_run,
@@ -48,7 +54,8 @@ WAF_FILES = (REPO / "nginx-conf/waf.lua", REPO / "nginx-conf/waf_rules.lua")
 WRK_WAF_SCRIPT = BENCH / "wrk_waf.lua"
 
 MEMORY_THREADS = (0, 1, 4, 16)
-SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf", "mechanisms")
+SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf", "mechanisms",
+            "stream")
 # The mechanisms section's sequential caller: tasks per run.
 MECH_TASKS = 2000
 WAF_C = 8
@@ -87,11 +94,11 @@ PLANS = {
     "full": dict(handoff_rounds=5, handoff_ms=1000, warmup_ms=300,
                  hol_rounds=2, hol_secs=5, tput_rounds=2, tput_secs=5,
                  mem_tasks=100000, waf_rounds=3, waf_secs=5,
-                 mech_rounds=3, mech_trials=20),
+                 mech_rounds=3, mech_trials=20, stream_rounds=3, drain_mib=64),
     "quick": dict(handoff_rounds=1, handoff_ms=200, warmup_ms=100,
                   hol_rounds=1, hol_secs=1, tput_rounds=1, tput_secs=2,
                   mem_tasks=20000, waf_rounds=1, waf_secs=1,
-                  mech_rounds=1, mech_trials=5),
+                  mech_rounds=1, mech_trials=5, stream_rounds=1, drain_mib=8),
 }
 
 
@@ -424,6 +431,91 @@ def section_mechanisms(plan, res):
                                  alive=ng.alive(), log=ng.problems())
 
 
+def timed_get(port, path, timeout=300):
+    """GET path over a new connection, read to its end: seconds to the
+    first byte of the response and to its last, and the bytes read."""
+    buf = bytearray(1 << 20)
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        t0 = time.monotonic()
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        first, total = None, 0
+        while True:
+            n = sock.recv_into(buf)
+            if not n:
+                break
+            if first is None:
+                first = time.monotonic() - t0
+                if not buf.startswith(b"HTTP/1.1 200 "):
+                    raise RuntimeError(f"{path}: {bytes(buf[:n]).splitlines()[0]!r}")
+            total += n
+    return first, time.monotonic() - t0, total
+
+
+def stream_nginx(stack, name, pool):
+    """An nginx for the stream section's POOL (stream_lua, or the Rust pool
+    rust_pool.POOL), entered in stack; None and why not for a Rust pool
+    whose library is missing."""
+    if pool != rust_pool.POOL:
+        return stack.enter_context(Nginx(name, rwt_threads=0, pools=(pool,))), None
+    return start_native(stack, name, pool, rwt_threads=0)
+
+
+def section_stream(plan, res):
+    """A STREAM_MIB output in STREAM_CHUNK chunks over HTTP, streamed or
+    whole (every chunk read first), on a fresh nginx per cell so that the
+    worker's peak RSS (VmHWM) is the cell's own; then, inside nginx, one
+    stream's chunks read against push_tasks of each chunk size one after
+    another: MB/s and the event loop's CPU per chunk. Pools and modes
+    alternate by round."""
+    n = STREAM_MIB * 1024 * 1024 // STREAM_CHUNK
+    pools = ("stream_lua", rust_pool.POOL)
+    http, drain, skipped, logs, alive = {}, {}, {}, [], True
+    for rnd in range(plan["stream_rounds"]):
+        log(f"stream round {rnd + 1}/{plan['stream_rounds']}")
+        for pool in rotated(list(pools), rnd):
+            if pool in skipped:
+                continue
+            for mode in rotated(list(STREAM_MODES), rnd):
+                with contextlib.ExitStack() as stack:
+                    ng, why = stream_nginx(stack, f"stream-{pool}-{mode}", pool)
+                    if not ng:
+                        log(f"stream: pool {pool} left out: {why}")
+                        skipped[pool] = why
+                        break
+                    settle(ng.worker)
+                    before = rss_kib(ng.worker)
+                    ttfb, total, nbytes = timed_get(
+                        ng.port, f"/stream/http?pool={pool}&mode={mode}&n={n}"
+                        f"&size={STREAM_CHUNK}")
+                    http.setdefault(f"{pool}|{mode}", []).append(dict(
+                        ttfb_ms=ttfb * 1000, total_ms=total * 1000, bytes=nbytes,
+                        rss_before_kib=before,
+                        rss_peak_kib=kib(f"/proc/{ng.worker}/status", "VmHWM")))
+                    alive = alive and ng.alive()
+                logs += ng.problems()
+    with contextlib.ExitStack() as stack:
+        ngs = {}
+        for pool in pools:
+            if pool not in skipped:
+                ngs[pool] = stream_nginx(stack, f"stream-drain-{pool}", pool)[0]
+        cells = [(pool, mode, size) for pool in ngs for size in STREAM_SIZES
+                 for mode in ("stream", "task")]
+        mib = plan["drain_mib"]
+        for rnd in range(plan["stream_rounds"] + 1):
+            for pool, mode, size in rotated(cells, rnd):
+                count = mib * 1024 * 1024 // size
+                r = ngs[pool].get_json(f"/stream/drain?pool={pool}&mode={mode}"
+                                       f"&n={count}&size={size}", timeout=300)
+                # round 0 warms the JIT and the pools' states up
+                if rnd:
+                    drain.setdefault(f"{pool}|{mode}|{size}", []).append(r)
+        alive = alive and all(ng.alive() for ng in ngs.values())
+    logs += [line for ng in ngs.values() for line in ng.problems()]
+    res["stream"] = dict(mib=STREAM_MIB, chunk=STREAM_CHUNK, drain_mib=plan["drain_mib"],
+                         http=http, drain=drain, skipped=skipped, alive=alive, log=logs)
+
+
 def machine():
     return dict(procs.machine(procs.NGINX, rustc=["rustc", "--version"], wrk=[WRK, "-v"]),
                 mem_total_kib=kib("/proc/meminfo", "MemTotal"))
@@ -467,7 +559,8 @@ def main():
                  throughput=lambda: section_throughput(plan, res),
                  memory=lambda: section_memory(plan, res),
                  waf=lambda: section_waf(plan, res),
-                 mechanisms=lambda: section_mechanisms(plan, res))
+                 mechanisms=lambda: section_mechanisms(plan, res),
+                 stream=lambda: section_stream(plan, res))
     failed = False
     for s in sections:
         log(f"section {s}")
