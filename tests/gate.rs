@@ -3,8 +3,8 @@
 //! socket (every new connection goes to the other worker, as the
 //! per-worker accepted-connection counts show), resumes once the other
 //! carries more or its own tasks are done, never leaves no worker
-//! accepting, keeps accepting on `reuseport` sockets, and is reloaded and
-//! stopped as usual while paused.
+//! accepting, keeps accepting on `reuseport` sockets, counts streams as
+//! it counts tasks, and is reloaded and stopped as usual while paused.
 
 mod common;
 
@@ -15,13 +15,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// One thread per worker; a task waits until the file named by its
-/// argument exists. `/block` pushes one, `/who` names the worker.
+/// argument exists, a stream's after sending one chunk. `/block` pushes a
+/// task, `/block_stream` a stream, `/who` names the worker.
 const HTTP: &str = r#"
     thread_pool_accept_gate on high=3 low=1;
     thread_pool_process_by_lua_block work {
         local ffi = require "ffi"
         ffi.cdef "int usleep(unsigned int usec);"
-        return function(flag)
+        local tp = require "resty.threadpool"
+        return function(flag, stream)
+            if stream then
+                tp.send("waiting ")
+            end
             while true do
                 local f = io.open(flag)
                 if f then f:close() return "released" end
@@ -38,6 +43,15 @@ const HTTP: &str = r#"
                 ngx.print(tp.work:push_task(ngx.var.arg_flag))
             }
         }
+        location = /block_stream {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local s = assert(tp.work:push_stream(ngx.var.arg_flag, true))
+                repeat
+                    ngx.print(assert(s:read()))
+                until s.done
+            }
+        }
         location = /who { content_by_lua_block { ngx.print(ngx.worker.id()) } }
         location = /metrics { thread_pool_status; }
     }
@@ -47,6 +61,8 @@ struct Gated {
     ngx: Nginx,
     reuseport: u16,
     flag: PathBuf,
+    /// What `block` requests: `/block` or `/block_stream`.
+    path: &'static str,
     /// Connections waiting on a blocked task.
     blocked: Vec<TcpStream>,
     metrics: Poller,
@@ -119,6 +135,7 @@ fn start() -> Gated {
         ngx,
         reuseport,
         flag,
+        path: "/block",
         blocked: Vec::new(),
         metrics,
     }
@@ -171,7 +188,8 @@ impl Gated {
     fn block(&mut self) {
         let mut s = TcpStream::connect(("127.0.0.1", self.ngx.port)).unwrap();
         let req = format!(
-            "GET /block?flag={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "GET {}?flag={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            self.path,
             self.flag.display()
         );
         s.write_all(req.as_bytes()).unwrap();
@@ -271,6 +289,24 @@ fn pauses_a_loaded_worker_resumes_it_and_never_pauses_the_last() {
     assert!(parsed.contains_key(&format!(
         "ngx_threadpool_accept_gate_pauses_total{{worker={paused}}}"
     )));
+    g.ngx.assert_clean_log();
+}
+
+/// A stream holds its pool thread as a task does: a worker whose pool is
+/// held by streams pauses, and resumes once they end.
+#[test]
+fn streams_count_as_load() {
+    let mut g = start();
+    g.path = "/block_stream";
+    let paused = g.pause_one();
+    for _ in 0..10 {
+        assert_eq!(who(g.ngx.port), Some(1 - paused));
+    }
+    g.release();
+    assert!(eventually(Duration::from_secs(5), || {
+        let m = g.metrics();
+        metric(&m, "ngx_threadpool_accept_gate_paused", paused) == 0.0 && paused_workers(&m) == 0.0
+    }));
     g.ngx.assert_clean_log();
 }
 
