@@ -118,8 +118,19 @@ http {
     lua_shared_dict fairness 1m;
     @HTTP@
     init_by_lua_block {
-        require("ffi").cdef("int usleep(unsigned int);")
+        local ffi = require "ffi"
+        ffi.cdef [[
+            int usleep(unsigned int);
+            typedef struct { long sec; long nsec; } fairness_timespec_t;
+            int fairness_clock_gettime(int, fairness_timespec_t *) asm("clock_gettime");
+        ]]
         REFUSED = { overloaded = 503, ["queue full"] = 503, timeout = 504 }
+        local ts = ffi.new("fairness_timespec_t")
+        -- this thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in µs
+        function CPU_US()
+            ffi.C.fairness_clock_gettime(3, ts)
+            return tonumber(ts.sec) * 1e6 + tonumber(ts.nsec) / 1e3
+        end
     }
     @HANDLER@
     # Connections accepted per worker: the first request of each.
@@ -136,13 +147,22 @@ http {
                 local dict = ngx.shared.fairness
                 local key = "fly:" .. ngx.worker.id()
                 dict:incr(key, 1, 0)
+                local cpu0 = CPU_US()
                 local ok, err = @CALL@
+                local cpu = CPU_US() - cpu0
                 dict:incr(key, -1, 0)
                 if not ok then
                     -- a refusal is shed at once, a timeout said so
                     local status = REFUSED[err] or 500
                     if status == 500 then
                         ngx.log(ngx.WARN, "fairness task: ", err)
+                    elseif status == 503 then
+                        -- the event loop's CPU time in the refused call
+                        -- (which does not yield); the shared dict's lock,
+                        -- which 4 workers on 2 cores spin on, stays out
+                        dict:incr("refused", 1, 0)
+                        dict:incr(cpu < 100 and "refused<100us" or cpu < 1000
+                                  and "refused<1ms" or "refused>=1ms", 1, 0)
                     end
                     return ngx.exit(status)
                 end
@@ -160,7 +180,11 @@ http {
                     acc[i + 1] = dict:get("acc:" .. i) or 0
                     fly[i + 1] = dict:get("fly:" .. i) or 0
                 end
-                ngx.say(require("cjson").encode({ acc = acc, fly = fly }))
+                local refused = {}
+                for _, k in ipairs({ "refused", "refused<100us", "refused<1ms", "refused>=1ms" }) do
+                    refused[k] = dict:get(k) or 0
+                end
+                ngx.say(require("cjson").encode({ acc = acc, fly = fly, refused = refused }))
             }
         }
     }
@@ -406,11 +430,13 @@ def measure(modes, kind, loads, secs, timeout_ms, images, rounds, keepalive):
     return results
 
 
-async def ask(conn, port, path, keepalive):
+async def ask(conn, port, path, keepalive, connects):
     """One request, on conn[0] (kept, opened if None) or on a new
-    connection: its status."""
+    connection, whose time to connect (ms) goes to `connects`: its status."""
     if not keepalive:
+        t0 = time.monotonic()
         r, w = await asyncio.open_connection("127.0.0.1", port)
+        connects.append((time.monotonic() - t0) * 1000)
         try:
             w.write(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
             data = await r.read()
@@ -441,7 +467,8 @@ async def slot(port, timeout, until, classes, keepalive, rng):
         t0 = time.monotonic()
         try:
             status = await asyncio.wait_for(
-                ask(conn, port, "/task" if c == "thumb" else "/static", keepalive),
+                ask(conn, port, "/task" if c == "thumb" else "/static", keepalive,
+                    stats["connect"]),
                 timeout)
             stats["lat"].setdefault(status, []).append((time.monotonic() - t0) * 1000)
         except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
@@ -454,14 +481,26 @@ async def slot(port, timeout, until, classes, keepalive, rng):
         conn[0][1].close()
 
 
+async def lag(until, lags):
+    """How late the client's own event loop wakes up from a 10 ms sleep
+    (ms): time a busy client adds to every request it times."""
+    while time.monotonic() < until:
+        t0 = time.monotonic()
+        await asyncio.sleep(0.01)
+        lags.append((time.monotonic() - t0 - 0.01) * 1000)
+
+
 async def overload_cell(port, slots, secs, timeout_ms, keepalive):
     until = time.monotonic() + secs
-    classes = {c: dict(lat={}, timeouts=0, errors=0) for c in ("static", "thumb")}
+    classes = {c: dict(lat={}, timeouts=0, errors=0, connect=[]) for c in ("static", "thumb")}
     rng = random.Random(slots)
-    await asyncio.gather(*(slot(port, timeout_ms / 1000, until, classes, keepalive, rng)
+    lags = []
+    await asyncio.gather(lag(until, lags),
+                         *(slot(port, timeout_ms / 1000, until, classes, keepalive, rng)
                            for _ in range(slots)))
     metrics = (await get(port, "/metrics", 5.0)).decode()
-    return classes, metrics
+    refused = json.loads(await get(port, "/stats", 5.0))["refused"]
+    return classes, metrics, dict(lags=lags, refused=refused)
 
 
 def counter_sum(text, name):
@@ -470,8 +509,8 @@ def counter_sum(text, name):
                if line.startswith(name + "{"))
 
 
-def overload_summary(classes, metrics, secs):
-    out = {}
+def overload_summary(classes, metrics, seen, secs):
+    out = dict(client_lag_p99=pct(seen["lags"], 99), refused_cpu=seen["refused"])
     for c, s in classes.items():
         answered = {str(k): len(v) for k, v in s["lat"].items()}
         total = sum(answered.values()) + s["timeouts"] + s["errors"]
@@ -483,7 +522,8 @@ def overload_summary(classes, metrics, secs):
                       refused_pct=share(len(refused)),
                       late_pct=share(answered.get("504", 0)),
                       per_sec=len(ok) / secs, p50=pct(ok, 50), p99=pct(ok, 99),
-                      refused_p50=pct(refused, 50), refused_p99=pct(refused, 99))
+                      refused_p50=pct(refused, 50), refused_p99=pct(refused, 99),
+                      connect_p50=pct(s["connect"], 50), connect_p99=pct(s["connect"], 99))
     for key in ("overloaded", "expired", "rejected", "timed_out", "cancelled",
                 "completed"):
         out[key] = counter_sum(metrics, f"ngx_threadpool_tasks_{key}_total")

@@ -327,6 +327,23 @@ def overload_table(rows, capacity):
     return "\n".join(out)
 
 
+def overload_time_table(rows):
+    """Where a thumbnail's time goes before nginx sees it, and what a
+    refusal costs the event loop."""
+    out = ["| load (slots) | spread | policy | thumb timeouts | thumb connect p50/p99 ms "
+           "| client lag p99 ms | refusals (503) | < 100 µs / < 1 ms / ≥ 1 ms of event-loop CPU |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t, ref = r["thumb"], r.get("refused_cpu") or {}
+        out.append(
+            f"| {r['load']}x ({r['slots']}) | {r['spread']} | {r['policy']} "
+            f"| {pct2(t['timeout_pct'])} | {ms(t.get('connect_p50'))}/{ms(t.get('connect_p99'))} "
+            f"| {ms(r.get('client_lag_p99'))} | {ref.get('refused', 0)} "
+            f"| {ref.get('refused<100us', 0)} / {ref.get('refused<1ms', 0)} "
+            f"/ {ref.get('refused>=1ms', 0)} |")
+    return "\n".join(out)
+
+
 def overload_targets(rows, capacity):
     """The issue's targets: with only a deadline, behind the gate, at 10x and
     above: no thumbnail or static timeouts, >= 90 % of capacity served."""
@@ -376,6 +393,19 @@ def write_overload(meta, results):
         "## Keep-alive connections",
         "",
         overload_table(kept, capacity),
+        "",
+        "## Where the time goes",
+        "",
+        "Before nginx reads a request, the client waits to connect (the kernel's "
+        "accept queue, with a new connection per request) and for its own event loop "
+        "(one Python process runs every slot on the same 2 cores: \"client lag\" is "
+        "how late it wakes from a 10 ms sleep). Neither is time a deadline counted "
+        "from the push can see. A refusal's cost to the event loop: the CPU time of "
+        "its thread (CLOCK_THREAD_CPUTIME_ID) in the refused `push_task_timeout` "
+        "call, counted in nginx; the rest of a 503 is nginx's and the same for any "
+        "request.",
+        "",
+        overload_time_table(new + kept),
         "",
     ]
     (BENCH / "OVERLOAD.md").write_text("\n".join(parts))

@@ -15,8 +15,9 @@ only), runs seven sections and writes bench/REPORT.md and bench/*.png
               against the Rust WAF on the regex crate (in a pool)
   mechanisms  what the tests check only as behaviour: the event loop's
               poll for completions (its sleeps and the pool thread's
-              eventfd writes per task) and how soon a handler sees
-              cancelled(), and at what cost
+              eventfd writes per task), how soon a handler sees
+              cancelled(), and at what cost, and what a push refused as
+              "overloaded" costs the event loop
   stream      a 64 MiB output in 64 KiB chunks, streamed (push_stream)
               or whole: time to first byte, total time, the worker's
               peak RSS; MB/s and event-loop CPU per chunk against a
@@ -56,8 +57,10 @@ WRK_WAF_SCRIPT = BENCH / "wrk_waf.lua"
 MEMORY_THREADS = (0, 1, 4, 16)
 SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf", "mechanisms",
             "stream")
-# The mechanisms section's sequential caller: tasks per run.
+# The mechanisms section's sequential caller: tasks per run; and refused
+# pushes per run (each run's must end before its pool's queue drains).
 MECH_TASKS = 2000
+MECH_REFUSALS = 20000
 WAF_C = 8
 # The WAF cell's requests, sent in turn: (method, path and query, headers,
 # body); benign and malicious as in the test corpus (tests/waf_corpus/).
@@ -417,6 +420,10 @@ def section_mechanisms(plan, res):
     cooperative cancellation (tests/cancel.rs), on a pool of one thread:
     figures that depend on the machine's load, so no test asserts them."""
     with Nginx("mechanisms", tp_threads=1, rwt_threads=0, pools=("mech",)) as ng:
+        # First: the run estimate the refusals need is the pool's first
+        # measure, not an average with the trivial tasks' below.
+        refuse = [ng.get_json(f"/mech/refuse?n={MECH_REFUSALS}", timeout=120)
+                  for _ in range(plan["mech_rounds"])]
         poll = []
         for _ in range(plan["mech_rounds"]):
             before = thread_writes(ng.worker, "tp mech")
@@ -428,7 +435,7 @@ def section_mechanisms(plan, res):
         cancel = ng.get_json(f"/mech/cancel?trials={plan['mech_trials']}", timeout=600)
         cost = ng.get_json("/mech/cost?n=10000000", timeout=120)
         res["mechanisms"] = dict(tasks=MECH_TASKS, poll=poll, cancel=cancel, cost=cost,
-                                 alive=ng.alive(), log=ng.problems())
+                                 refuse=refuse, alive=ng.alive(), log=ng.problems())
 
 
 def timed_get(port, path, timeout=300):

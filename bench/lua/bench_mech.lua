@@ -10,6 +10,9 @@
 --                              a spinning handler saw cancelled()
 --   GET /mech/cost?n=10000000  cancelled()'s cost per call in a
 --                              JIT-compiled loop, in the thread's CPU time
+--   GET /mech/refuse?n=20000   the event loop's CPU time in each of n
+--                              push_task_timeout calls that deadline-aware
+--                              admission refuses ("overloaded")
 --
 -- Each answers JSON.
 
@@ -25,6 +28,7 @@ local tonumber = tonumber
 ffi.cdef [[
 typedef struct { long sec; long nsec; } bench_mech_timespec_t;
 int bench_mech_clock_gettime(int clock_id, bench_mech_timespec_t *ts) asm("clock_gettime");
+int bench_mech_usleep(unsigned int usec) asm("usleep");
 ]]
 
 local CLOCK_MONOTONIC = 1
@@ -47,6 +51,10 @@ local tasks = {}
 
 function tasks.inc(x)
     return x + 1
+end
+
+function tasks.sleep(us)
+    C.bench_mech_usleep(us)
 end
 
 -- Spins until cancelled (or SPIN_LIMIT); records when it saw the flag
@@ -144,6 +152,42 @@ function _M.cancel()
         end
     end
     ngx.say(encode({ trials = trials, late_us = late, missed = missed }))
+end
+
+-- The refusals: the pool's one thread learns a run time of REFUSE_US,
+-- then REFUSE_QUEUED tasks wait (an expected wait of ~0.6 s), so that a
+-- push with a deadline of REFUSE_DEADLINE is refused at once. The calls
+-- do not yield: n of them must end before the queue drains below it.
+local REFUSE_US = 50000
+local REFUSE_QUEUED = 12
+local REFUSE_DEADLINE = 0.45
+
+function _M.refuse()
+    local n = tonumber(ngx.var.arg_n) or 20000
+    local mech = pool()
+    for _ = 1, 3 do
+        mech:push_task("sleep", REFUSE_US)
+    end
+    local waiting = {}
+    for i = 1, REFUSE_QUEUED do
+        waiting[i] = ngx.thread.spawn(mech.push_task, mech, "sleep", REFUSE_US)
+    end
+    local us, other = {}, {}
+    for i = 1, n do
+        local t0 = clock(CLOCK_THREAD_CPUTIME_ID)
+        local ok, err = mech:push_task_timeout(REFUSE_DEADLINE, "inc", i)
+        us[#us + 1] = (clock(CLOCK_THREAD_CPUTIME_ID) - t0) * 1e6
+        if ok or err ~= "overloaded" then
+            local k = tostring(err)
+            other[k] = (other[k] or 0) + 1
+        end
+    end
+    for i = 1, REFUSE_QUEUED do
+        ngx.thread.wait(waiting[i])
+    end
+    table.sort(us)
+    ngx.say(encode({ calls = n, other = other, p50_us = us[math.ceil(n * 0.5)],
+                     p99_us = us[math.ceil(n * 0.99)], max_us = us[n] }))
 end
 
 function _M.cost()
