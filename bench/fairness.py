@@ -470,7 +470,10 @@ async def slot(port, timeout, until, classes, keepalive, rng):
                 ask(conn, port, "/task" if c == "thumb" else "/static", keepalive,
                     stats["connect"]),
                 timeout)
-            stats["lat"].setdefault(status, []).append((time.monotonic() - t0) * 1000)
+            done = time.monotonic()
+            # answers after the cell's end would count above capacity
+            if done <= until:
+                stats["lat"].setdefault(status, []).append((done - t0) * 1000)
         except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
                 IndexError) as e:
             stats["timeouts" if isinstance(e, asyncio.TimeoutError) else "errors"] += 1
