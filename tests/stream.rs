@@ -12,8 +12,9 @@
 //! Rust pool (`rgen`, the same handlers in tests/fixtures/rust_handler,
 //! through the handler crate's send, receive and cancelled and the C
 //! ABI): `scenario::lua` and `scenario::rust`, one function, the same
-//! assertions. What a handler saw it logs ("seen KEY [...]"), read back
-//! from error.log.
+//! assertions; the shadow comparison with each kind as POOL and as
+//! SHADOW; the valgrind run with both. What a handler saw it logs ("seen
+//! KEY [...]"), read back from error.log.
 
 mod common;
 
