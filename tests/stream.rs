@@ -6,8 +6,15 @@
 //! "cancelled" and `cancelled()` is true. Input the other way: the
 //! caller's writes reach the handler's receive() in order, then the end of
 //! input, and a caller faster than its handler is held back by the same
-//! bound. What the handler saw is recorded in a shared dict and read back
-//! over HTTP.
+//! bound.
+//!
+//! Each scenario runs in a Lua pool (`gen`, its handlers below) and in a
+//! Rust pool (`rgen`, the same handlers in tests/fixtures/rust_handler,
+//! through the handler crate's send, receive and cancelled and the C
+//! ABI): `scenario::lua` and `scenario::rust`, one function, the same
+//! assertions; the shadow comparison with each kind as POOL and as
+//! SHADOW; the valgrind run with both. What a handler saw it logs ("seen
+//! KEY [...]"), read back from error.log.
 
 mod common;
 
@@ -17,14 +24,58 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+/// The pools the scenarios run in: a Lua pool and a Rust one.
+const LUA: &str = "gen";
+const RUST: &str = "rgen";
+
+/// Makes each scenario, a function of the pool it runs in, two tests:
+/// `scenario::lua` and `scenario::rust`.
+macro_rules! in_both_pools {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[test]
+            fn lua() {
+                super::$scenario(super::LUA)
+            }
+            #[test]
+            fn rust() {
+                super::$scenario(super::RUST)
+            }
+        }
+    )*};
+}
+
+in_both_pools!(
+    chunks_come_in_order_then_the_results,
+    an_error_after_chunks_comes_after_them,
+    a_stream_without_chunks_is_a_task,
+    a_fast_handler_waits_for_a_slow_reader,
+    closing_cancels_the_handler,
+    a_read_timeout_cancels_the_handler,
+    a_client_gone_cancels_the_handler,
+    a_stream_whose_caller_is_gone_leaves_nothing,
+    a_fast_writer_waits_for_a_slow_handler,
+    closing_cancels_a_handler_waiting_for_input,
+    streams_are_counted,
+    the_queue_bound_covers_streams,
+    a_killed_reader_cancels_its_handler_when_the_request_ends,
+);
+
+/// `gen`'s handlers; `rgen`'s, the Rust fixture's ops of the same names,
+/// do the same (its module doc).
 const HTTP: &str = r#"
-    lua_shared_dict seen 1m;
     lua_thread_pool gen threads=2;
+    lua_thread_pool rgen threads=2;
+    thread_pool_process_by_rust rgen LIB;
     thread_pool_process_by_lua_block gen {
         local tp = require "resty.threadpool"
+        -- what the handler saw, under key, for the test to find in error.log
+        local function seen(key, what)
+            ngx.log(ngx.INFO, "seen ", key, " [", what, " ", tostring(tp.cancelled()), "]")
+        end
         local handlers = {}
         -- chunks 1..n of mixed kinds, then two results
-        function handlers.count(n)
+        function handlers.mixed(n)
             for i = 1, n do
                 local chunk = i
                 if i % 3 == 1 then
@@ -54,20 +105,20 @@ const HTTP: &str = r#"
             end
             return n
         end
-        -- sends until a send fails, then records why under key
+        -- sends until a send fails, then notes why
         function handlers.forever(key)
             local i = 0
             while true do
                 i = i + 1
                 local ok, err = tp.send(i)
                 if not ok then
-                    ngx.shared.seen:set(key, err .. " " .. tostring(tp.cancelled()))
+                    seen(key, err)
                     return
                 end
             end
         end
         -- one chunk, then after pause seconds (the reader's timeout
-        -- passes meanwhile) one more send, whose outcome it records
+        -- passes meanwhile) one more send, whose outcome it notes
         function handlers.pause(key, pause)
             assert(tp.send("first"))
             local deadline = ngx.now() + pause
@@ -75,8 +126,7 @@ const HTTP: &str = r#"
                 ngx.update_time()
             end
             local ok, err = tp.send("second")
-            ngx.shared.seen:set(key, tostring(ok) .. " " .. tostring(err) .. " "
-                                .. tostring(tp.cancelled()))
+            seen(key, tostring(ok) .. " " .. tostring(err))
         end
         function handlers.plain(a, b)
             return a + b, "plain"
@@ -103,8 +153,8 @@ const HTTP: &str = r#"
                 end
             end
         end
-        -- receives until the caller lets go, recording why under key;
-        -- tells the caller it got the first chunk
+        -- receives until the caller lets go, noting why; tells the
+        -- caller it got the first chunk
         function handlers.drain(key)
             local first = true
             while true do
@@ -114,7 +164,7 @@ const HTTP: &str = r#"
                     assert(tp.send("got"))
                 end
                 if chunk == nil then
-                    ngx.shared.seen:set(key, tostring(err) .. " " .. tostring(tp.cancelled()))
+                    seen(key, tostring(err))
                     return
                 end
             end
@@ -129,13 +179,10 @@ const HTTP: &str = r#"
     server {
         listen 127.0.0.1:$PORT;
         default_type text/plain;
-        location /seen {
-            content_by_lua_block { ngx.print(ngx.shared.seen:get(ngx.var.arg_k)) }
-        }
         location /chunks {
             content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream(ngx.var.arg_what,
-                                                                            tonumber(ngx.var.arg_n)))
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local s = assert(pool:push_stream(ngx.var.arg_what, tonumber(ngx.var.arg_n)))
                 local got = {}
                 while true do
                     local v, err = s:read()
@@ -152,21 +199,21 @@ const HTTP: &str = r#"
         }
         location /plain {
             content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local s = assert(tp.gen:push_stream("plain", 1, 2))
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local s = assert(pool:push_stream("plain", 1, 2))
                 local a, b = s:read()
                 local done = s.done
                 local again, err = s:read()
                 ngx.say(a, " ", b, " ", tostring(done), " ", tostring(again), " ", err,
-                        " | ", table.concat({ tp.gen:push_task("plain", 1, 2) }, " "))
+                        " | ", table.concat({ pool:push_task("plain", 1, 2) }, " "))
             }
         }
         location /misuse {
             content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local ok, err = tp.gen:push_task("misuse", 1)
-                local bad = pcall(tp.gen.push_stream_opts, tp.gen, { chunks = 0.5 }, "plain", 1, 2)
-                local s = assert(tp.gen:push_stream("badchunk"))
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local ok, err = pool:push_task("misuse", 1)
+                local bad = pcall(pool.push_stream_opts, pool, { chunks = 0.5 }, "plain", 1, 2)
+                local s = assert(pool:push_stream("badchunk"))
                 local v, serr = s:read()
                 ngx.say(tostring(ok), " ", err, " | ", tostring(bad), " | ",
                         tostring(v), " ", serr, " ", tostring(s.done))
@@ -174,9 +221,9 @@ const HTTP: &str = r#"
         }
         location /flood {
             content_by_lua_block {
-                local tp = require "resty.threadpool"
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
                 local n, size = tonumber(ngx.var.arg_n), tonumber(ngx.var.arg_size)
-                local s = assert(tp.gen:push_stream_opts({ chunks = 16 }, "flood", n, size))
+                local s = assert(pool:push_stream_opts({ chunks = 16 }, "flood", n, size))
                 -- a slow reader: it sleeps before it starts and now and then
                 ngx.sleep(0.5)
                 local chunks, bytes = 0, 0
@@ -196,8 +243,8 @@ const HTTP: &str = r#"
         }
         location /close {
             content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream_opts(
-                    { chunks = 1 }, "forever", ngx.var.arg_key))
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local s = assert(pool:push_stream_opts({ chunks = 1 }, "forever", ngx.var.arg_key))
                 local a, b = s:read(), s:read()
                 s:close()
                 local after, err = s:read()
@@ -206,7 +253,8 @@ const HTTP: &str = r#"
         }
         location /timeout {
             content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream("pause", ngx.var.arg_key,
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local s = assert(pool:push_stream("pause", ngx.var.arg_key,
                     tonumber(ngx.var.arg_pause) or 0.5))
                 local first = s:read()
                 local v, err = s:read(0.05)
@@ -216,8 +264,8 @@ const HTTP: &str = r#"
         location /abort {
             lua_check_client_abort on;
             content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream_opts(
-                    { chunks = 1 }, "forever", ngx.var.arg_key))
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local s = assert(pool:push_stream_opts({ chunks = 1 }, "forever", ngx.var.arg_key))
                 ngx.say("chunk ", s:read())
                 ngx.flush(true)
                 ngx.sleep(30)
@@ -225,8 +273,8 @@ const HTTP: &str = r#"
         }
         location /input {
             content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream_opts(
-                    { chunks = 4 }, "sum", 0.3))
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local s = assert(pool:push_stream_opts({ chunks = 4 }, "sum", 0.3))
                 -- the handler is not receiving yet: four fit, the fifth
                 -- does not, unless it waits
                 local out = {}
@@ -256,7 +304,8 @@ const HTTP: &str = r#"
         }
         location /input_close {
             content_by_lua_block {
-                local s = assert(require("resty.threadpool").gen:push_stream("drain", ngx.var.arg_key))
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local s = assert(pool:push_stream("drain", ngx.var.arg_key))
                 assert(s:write({ n = 1 }))
                 local got = s:read()
                 s:close()
@@ -265,10 +314,10 @@ const HTTP: &str = r#"
         }
         location /kill {
             content_by_lua_block {
-                local tp = require "resty.threadpool"
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
                 local key = ngx.var.arg_key
                 local reader = ngx.thread.spawn(function()
-                    local s = assert(tp.gen:push_stream_opts({ chunks = 1 }, "forever", key))
+                    local s = assert(pool:push_stream_opts({ chunks = 1 }, "forever", key))
                     while not s.done do
                         s:read()
                     end
@@ -280,7 +329,7 @@ const HTTP: &str = r#"
         }
         location /stats {
             content_by_lua_block {
-                local s = require("resty.threadpool").gen:stats()
+                local s = require("resty.threadpool")[ngx.var.arg_pool]:stats()
                 ngx.print(s.streams, " ", s.stream_chunks_out, " ", s.stream_bytes_out, " ",
                           s.stream_chunks_in, " ", s.stream_bytes_in, " ",
                           tostring(s.stream_send_wait > 0))
@@ -289,40 +338,53 @@ const HTTP: &str = r#"
         location = /metrics { thread_pool_status; }
         location /idle {
             content_by_lua_block {
-                local s = require("resty.threadpool").gen:stats()
+                local s = require("resty.threadpool")[ngx.var.arg_pool]:stats()
                 ngx.print(s.busy + s.queued)
             }
         }
     }
 "#;
 
+/// `http` with the Rust fixture's path for LIB.
+fn with_fixture(http: &str) -> String {
+    http.replace("LIB", &rust_fixture().v1.display().to_string())
+}
+
 fn start() -> Nginx {
-    Nginx::start("", HTTP)
+    Nginx::start("", &with_fixture(HTTP))
 }
 
-/// What a handler recorded under `key`, once it did.
+/// What a handler, of either pool, noted under `key` (its "seen KEY
+/// [...]" line), once it did.
 fn seen(n: &Nginx, key: &str) -> String {
-    let mut v = String::new();
+    let start = format!("seen {key} [");
+    let mut v = None;
     let found = eventually(Duration::from_secs(20), || {
-        v = n.get(&format!("/seen?k={key}")).text();
-        v != "nil"
+        let log = n.error_log();
+        v = log
+            .split_once(&start)
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(what, _)| what.to_string());
+        v.is_some()
     });
-    assert!(found, "{key}: the handler recorded nothing");
-    v
+    assert!(found, "{key}: the handler noted nothing");
+    v.unwrap_or_default()
 }
 
-/// Every handler of the pool returned: none is left waiting in a send.
-fn assert_idle(n: &Nginx) {
+/// Every handler of `pool` returned: none is left waiting in a send.
+fn assert_idle(n: &Nginx, pool: &str) {
     assert!(
-        eventually(Duration::from_secs(20), || n.get("/idle").text() == "0"),
-        "a handler is still running"
+        eventually(Duration::from_secs(20), || n
+            .get(&format!("/idle?pool={pool}"))
+            .text()
+            == "0"),
+        "a handler of {pool} is still running"
     );
 }
 
-#[test]
-fn chunks_come_in_order_then_the_results() {
+fn chunks_come_in_order_then_the_results(pool: &str) {
     let n = start();
-    let r = n.get("/chunks?what=count&n=2000");
+    let r = n.get(&format!("/chunks?pool={pool}&what=mixed&n=2000"));
     assert_eq!(r.status, 200);
     let text = r.text();
     let (chunks, rest) = text.trim_end().split_once(' ').expect(&text);
@@ -340,36 +402,47 @@ fn chunks_come_in_order_then_the_results() {
     n.assert_clean_log();
 }
 
-#[test]
-fn an_error_after_chunks_comes_after_them() {
+fn an_error_after_chunks_comes_after_them(pool: &str) {
     let n = start();
     let want: Vec<String> = (1..=40).map(|i| i.to_string()).collect();
     let want = format!("{} nil failed after 40\n", want.join(","));
-    assert_eq!(n.get("/chunks?what=fail&n=40").text(), want);
+    let path = format!("/chunks?pool={pool}&what=fail&n=40");
+    assert_eq!(n.get(&path).text(), want);
     n.assert_clean_log();
 }
 
 /// A handler that sends nothing: its first read gives its results, as
 /// push_task would; the stream is then done. Misuse: send outside a
-/// stream's handler raises; a value that cannot cross is refused by the
+/// stream's handler fails; a value that cannot cross is refused by the
 /// send, not the stream; bad options raise.
-#[test]
-fn a_stream_without_chunks_is_a_task() {
+fn a_stream_without_chunks_is_a_task(pool: &str) {
     let n = start();
     assert_eq!(
-        n.get("/plain").text(),
+        n.get(&format!("/plain?pool={pool}")).text(),
         "3 plain true nil stream closed | 3 plain\n"
     );
-    let text = n.get("/misuse").text();
+    // Each kind words a send outside a stream for its own API (Lua's
+    // raises, the handler crate's StreamError::NoStream), and has its own
+    // value that cannot cross: a function in Lua, which Rust has not;
+    // there a table nested too deep.
+    let (no_stream, bad_value) = if pool == LUA {
+        (
+            "no stream: send() and receive() are for a handler run by push_stream",
+            "function",
+        )
+    } else {
+        (
+            "no stream: send and receive are for a task run by push_stream",
+            "nested deeper than",
+        )
+    };
+    let text = n.get(&format!("/misuse?pool={pool}")).text();
     assert!(
-        text.starts_with(
-            "false no stream: send() and receive() are for a handler run by push_stream \
-             | false | nil "
-        ),
+        text.starts_with(&format!("false {no_stream} | false | nil ")),
         "{text}"
     );
     assert!(
-        text.trim_end().ends_with(" true") && text.contains("function"),
+        text.trim_end().ends_with(" true") && text.contains(bad_value),
         "{text}"
     );
     n.assert_clean_log();
@@ -380,17 +453,17 @@ fn a_stream_without_chunks_is_a_task() {
 /// bound docs/streaming.md states (64 MiB: 16 unread chunks, the ones
 /// being encoded and read, and the allocator's slack), where without
 /// back-pressure it would hold most of the stream.
-#[test]
-fn a_fast_handler_waits_for_a_slow_reader() {
+fn a_fast_handler_waits_for_a_slow_reader(pool: &str) {
     let n = start();
     let worker = n.workers()[0];
     // warm up: the pool threads' states and the allocator's arenas
     assert_eq!(
-        n.get("/flood?n=100&size=65536").text(),
+        n.get(&format!("/flood?pool={pool}&n=100&size=65536"))
+            .text(),
         "100 6553600 100 nil\n"
     );
     let before = status_kib(worker, "VmHWM:");
-    let r = n.get("/flood?n=10000&size=65536");
+    let r = n.get(&format!("/flood?pool={pool}&n=10000&size=65536"));
     assert_eq!(r.text(), "10000 655360000 10000 nil\n");
     let grew = status_kib(worker, "VmHWM:").saturating_sub(before);
     eprintln!("peak RSS grew by {grew} KiB");
@@ -401,9 +474,9 @@ fn a_fast_handler_waits_for_a_slow_reader() {
 /// A reader that closes its stream: the handler, waiting for room in its
 /// send, gets "cancelled" and sees cancelled(); the stream reads as
 /// closed.
-#[test]
-fn closing_cancels_the_handler() {
+fn closing_cancels_the_handler(pool: &str) {
     cancels(
+        pool,
         "/close?key=c1",
         "1 2 nil stream closed\n",
         "c1",
@@ -411,20 +484,20 @@ fn closing_cancels_the_handler() {
     );
 }
 
-/// `path` answers `body`, and the handler it started records `seen` under
-/// `key`; then no handler is left running.
-fn cancels(path: &str, body: &str, key: &str, want: &str) {
+/// `path` of `pool` answers `body`, and the handler it started notes
+/// `want` under `key`; then no handler is left running.
+fn cancels(pool: &str, path: &str, body: &str, key: &str, want: &str) {
     let n = start();
-    assert_eq!(n.get(path).text(), body);
+    assert_eq!(n.get(&format!("{path}&pool={pool}")).text(), body);
     assert_eq!(seen(&n, key), want);
-    assert_idle(&n);
+    assert_idle(&n, pool);
     n.assert_clean_log();
 }
 
 /// A read that times out cancels the handler: its next send fails.
-#[test]
-fn a_read_timeout_cancels_the_handler() {
+fn a_read_timeout_cancels_the_handler(pool: &str) {
     cancels(
+        pool,
         "/timeout?key=t1",
         "first nil timeout true\n",
         "t1",
@@ -432,15 +505,16 @@ fn a_read_timeout_cancels_the_handler() {
     );
 }
 
-/// A client that goes away while its request reads a stream: the
-/// handler's send fails, and nothing is left running.
-#[test]
-fn a_client_gone_cancels_the_handler() {
-    let n = start();
+/// Requests /abort for `key` on `pool` and goes away once the first
+/// chunk came.
+fn abort(n: &Nginx, pool: &str, key: &str) {
     let mut s = TcpStream::connect(("127.0.0.1", n.port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /abort?key=a1 HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "GET /abort?pool={pool}&key={key} HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 256];
     while !String::from_utf8_lossy(&got).contains("chunk 1") {
@@ -448,30 +522,35 @@ fn a_client_gone_cancels_the_handler() {
         assert!(k > 0, "closed early");
         got.extend_from_slice(&buf[..k]);
     }
-    drop(s);
+}
+
+/// A client that goes away while its request reads a stream: the
+/// handler's send fails, and nothing is left running.
+fn a_client_gone_cancels_the_handler(pool: &str) {
+    let n = start();
+    abort(&n, pool, "a1");
     assert_eq!(seen(&n, "a1"), "cancelled true");
-    assert_idle(&n);
+    assert_idle(&n, pool);
     n.assert_clean_log();
 }
 
 /// Streams whose readers went away in every way leave no handler
 /// running and no record behind: a long run of them ends with the pool
 /// idle and the worker's memory where it was.
-#[test]
-fn a_stream_whose_caller_is_gone_leaves_nothing() {
+fn a_stream_whose_caller_is_gone_leaves_nothing(pool: &str) {
     let n = start();
     for i in 0..200 {
         let path = if i % 2 == 0 { "close" } else { "timeout" };
         let r = request(
             n.port,
             "GET",
-            &format!("/{path}?key=g{i}&pause=0.1"),
+            &format!("/{path}?pool={pool}&key=g{i}&pause=0.1"),
             &[],
             b"",
         );
         assert_eq!(r.status, 200);
     }
-    assert_idle(&n);
+    assert_idle(&n, pool);
     n.assert_clean_log();
 }
 
@@ -480,12 +559,11 @@ fn a_stream_whose_caller_is_gone_leaves_nothing() {
 /// to wait; a write that waits gets in once the handler makes room; the
 /// handler gets every chunk in order, then the end of input, after which
 /// writes fail; its chunks and results come back as usual.
-#[test]
-fn a_fast_writer_waits_for_a_slow_handler() {
+fn a_fast_writer_waits_for_a_slow_handler(pool: &str) {
     let n = start();
     let count = 500;
     let sum: u64 = (1..=count).sum();
-    let text = n.get(&format!("/input?n={count}")).text();
+    let text = n.get(&format!("/input?pool={pool}&n={count}")).text();
     assert_eq!(
         text,
         format!(
@@ -498,9 +576,9 @@ fn a_fast_writer_waits_for_a_slow_handler() {
 
 /// A caller that lets go while its handler waits for input cancels it:
 /// the handler's receive returns nil and "cancelled".
-#[test]
-fn closing_cancels_a_handler_waiting_for_input() {
+fn closing_cancels_a_handler_waiting_for_input(pool: &str) {
     cancels(
+        pool,
         "/input_close?key=i1",
         "got closed\n",
         "i1",
@@ -508,82 +586,17 @@ fn closing_cancels_a_handler_waiting_for_input() {
     );
 }
 
-/// A Rust pool's stream (tests/fixtures/rust_handler): its sends reach the
-/// reader in order before its results, it receives what the caller
-/// writes, and a caller that closes the stream makes its waiting send
-/// fail with "cancelled" while `cancelled()` is true.
-#[test]
-fn a_rust_handler_streams_both_ways() {
-    let lib = &rust_fixture().v1;
-    let http = r#"
-    thread_pool_process_by_rust rs LIB;
-    thread_pool_stream_chunks rs 4;
-    server {
-        listen 127.0.0.1:$PORT;
-        location /out {
-            content_by_lua_block {
-                local s = assert(require("resty.threadpool").rs:push_stream("stream", 100))
-                local got = {}
-                while true do
-                    local v, n = s:read()
-                    if s.done then
-                        ngx.say(table.concat(got, ","), " ", v, " ", n)
-                        break
-                    end
-                    got[#got + 1] = v
-                end
-            }
-        }
-        location /in {
-            content_by_lua_block {
-                local s = assert(require("resty.threadpool").rs:push_stream("sum"))
-                for i = 1, 100 do
-                    assert(s:write(i))
-                end
-                s:close_write()
-                ngx.say(s:read())
-            }
-        }
-        location /close {
-            content_by_lua_block {
-                local s = assert(require("resty.threadpool").rs:push_stream("forever"))
-                local a, b = s:read(), s:read()
-                s:close()
-                ngx.say(a, " ", b)
-            }
-        }
-    }
-    "#
-    .replace("LIB", &lib.display().to_string());
-    let n = Nginx::start("thread_pool rs threads=2;", &http);
-    let want: Vec<String> = (1..=100).map(|i| i.to_string()).collect();
-    assert_eq!(
-        n.get("/out").text(),
-        format!("{} end 100\n", want.join(","))
-    );
-    assert_eq!(n.get("/in").text(), "5050\n");
-    assert_eq!(n.get("/close").text(), "1 2\n");
-    assert!(
-        eventually(Duration::from_secs(20), || n
-            .error_log()
-            .contains("stream send failed: cancelled, cancelled true")),
-        "{}",
-        n.error_log()
-    );
-    n.assert_clean_log();
-}
-
 /// stats() and thread_pool_status count streams, the chunks and bytes
 /// each way, and the time handlers' sends waited for their reader (which
 /// they did: the reader of /flood sleeps before it reads).
-#[test]
-fn streams_are_counted() {
+fn streams_are_counted(pool: &str) {
     let n = start();
-    assert_eq!(n.get("/stats").text(), "0 0 0 0 0 false");
-    n.get("/chunks?what=count&n=100");
-    n.get("/input?n=10");
-    n.get("/flood?n=100&size=1000");
-    let text = n.get("/stats").text();
+    let stats = format!("/stats?pool={pool}");
+    assert_eq!(n.get(&stats).text(), "0 0 0 0 0 false");
+    n.get(&format!("/chunks?pool={pool}&what=mixed&n=100"));
+    n.get(&format!("/input?pool={pool}&n=10"));
+    n.get(&format!("/flood?pool={pool}&n=100&size=1000"));
+    let text = n.get(&stats).text();
     let v: Vec<&str> = text.split(' ').collect();
     assert_eq!(v[0], "3", "{text}");
     // 100 + 0 (the sum's chunks: 10 < 200) + 100
@@ -594,18 +607,16 @@ fn streams_are_counted() {
     assert_eq!(v[5], "true", "{text}");
     let metrics = n.get("/metrics").text();
     for line in [
-        "ngx_threadpool_streams_total{pool=\"gen\",worker=\"0\"} 3",
-        "ngx_threadpool_stream_chunks_out_total{pool=\"gen\",worker=\"0\"} 200",
-        "ngx_threadpool_stream_chunks_in_total{pool=\"gen\",worker=\"0\"} 10",
+        format!("ngx_threadpool_streams_total{{pool=\"{pool}\",worker=\"0\"}} 3"),
+        format!("ngx_threadpool_stream_chunks_out_total{{pool=\"{pool}\",worker=\"0\"}} 200"),
+        format!("ngx_threadpool_stream_chunks_in_total{{pool=\"{pool}\",worker=\"0\"}} 10"),
     ] {
-        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     }
+    let wait =
+        format!("ngx_threadpool_stream_send_wait_seconds_total{{pool=\"{pool}\",worker=\"0\"}} 0");
     assert!(
-        metrics.contains(
-            "ngx_threadpool_stream_send_wait_seconds_total{pool=\"gen\",worker=\"0\"} 0."
-        ) && !metrics.contains(
-            "ngx_threadpool_stream_send_wait_seconds_total{pool=\"gen\",worker=\"0\"} 0\n"
-        ),
+        metrics.contains(&format!("{wait}.")) && !metrics.contains(&format!("{wait}\n")),
         "{metrics}"
     );
     n.assert_clean_log();
@@ -614,11 +625,14 @@ fn streams_are_counted() {
 /// The pool's queue bound counts a stream as a task: with one thread busy
 /// streaming and one stream queued, the next push_stream is refused with
 /// "queue full".
-#[test]
-fn the_queue_bound_covers_streams() {
+fn the_queue_bound_covers_streams(pool: &str) {
     let http = r#"
-    thread_pool_process_by_lua_block q {
+    lua_thread_pool gen threads=1 max_queue=1;
+    lua_thread_pool rgen threads=1 max_queue=1;
+    thread_pool_process_by_rust rgen LIB;
+    thread_pool_process_by_lua_block gen {
         local tp = require "resty.threadpool"
+        -- the fixture's "hold"
         return function()
             assert(tp.send("started"))
             return tp.receive()
@@ -628,11 +642,11 @@ fn the_queue_bound_covers_streams() {
         listen 127.0.0.1:$PORT;
         location /full {
             content_by_lua_block {
-                local tp = require "resty.threadpool"
-                local a = assert(tp.q:push_stream())
+                local pool = require("resty.threadpool")[ngx.var.arg_pool]
+                local a = assert(pool:push_stream("hold"))
                 local started = a:read()
-                local b, berr = tp.q:push_stream()
-                local c, cerr = tp.q:push_stream()
+                local b, berr = pool:push_stream("hold")
+                local c, cerr = pool:push_stream("hold")
                 a:close()
                 b:close()
                 ngx.say(started, " ", tostring(b ~= nil), " ", tostring(berr), " ",
@@ -641,61 +655,61 @@ fn the_queue_bound_covers_streams() {
         }
     }
     "#;
-    let n = Nginx::start("thread_pool q threads=1 max_queue=1;", http);
-    assert_eq!(n.get("/full").text(), "started true nil nil queue full\n");
+    let n = Nginx::start("", &with_fixture(http));
+    assert_eq!(
+        n.get(&format!("/full?pool={pool}")).text(),
+        "started true nil nil queue full\n"
+    );
     n.assert_clean_log();
 }
 
 /// A reader whose light thread is killed: its handler, left waiting for
 /// room, is cancelled when the request ends.
-#[test]
-fn a_killed_reader_cancels_its_handler_when_the_request_ends() {
-    cancels("/kill?key=k1", "killed\n", "k1", "cancelled true");
+fn a_killed_reader_cancels_its_handler_when_the_request_ends(pool: &str) {
+    cancels(pool, "/kill?key=k1", "killed\n", "k1", "cancelled true");
 }
 
 /// Every way a stream's caller goes away, and streams that end normally,
-/// in one nginx process under valgrind's memcheck (`make valgrind`): no
-/// memory error, no definite leak but nginx's own (tests/valgrind.supp).
+/// in both pools of one nginx process under valgrind's memcheck (`make
+/// valgrind`): no memory error, no definite leak but nginx's own
+/// (tests/valgrind.supp).
 #[test]
 #[ignore = "needs valgrind; run with `make valgrind`"]
 fn stream_endings_under_valgrind() {
-    let mut n = Nginx::start_under_valgrind("", HTTP);
+    let mut n = Nginx::start_under_valgrind("", &with_fixture(HTTP));
     for i in 0..5 {
-        for path in [
-            format!("/close?key=vc{i}"),
-            format!("/timeout?key=vt{i}&pause=0.3"),
-            format!("/input_close?key=vi{i}"),
-            format!("/kill?key=vk{i}"),
-            "/chunks?what=count&n=50".to_string(),
-            "/chunks?what=fail&n=40".to_string(),
-            "/input?n=20".to_string(),
-        ] {
-            assert_eq!(n.get(&path).status, 200, "{path}");
+        for pool in [LUA, RUST] {
+            for path in [
+                format!("/close?key={pool}-vc{i}"),
+                format!("/timeout?key={pool}-vt{i}&pause=0.3"),
+                format!("/input_close?key={pool}-vi{i}"),
+                format!("/kill?key={pool}-vk{i}"),
+                "/chunks?what=mixed&n=50".to_string(),
+                "/chunks?what=fail&n=40".to_string(),
+                "/input?n=20".to_string(),
+            ] {
+                let path = format!("{path}&pool={pool}");
+                assert_eq!(n.get(&path).status, 200, "{path}");
+            }
+            let key = format!("{pool}-va{i}");
+            abort(&n, pool, &key);
+            assert_eq!(seen(&n, &key), "cancelled true");
         }
-        let mut s = TcpStream::connect(("127.0.0.1", n.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        write!(s, "GET /abort?key=va{i} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut buf = [0u8; 256];
-        let mut got = Vec::new();
-        while !String::from_utf8_lossy(&got).contains("chunk 1") {
-            let k = s.read(&mut buf).unwrap();
-            assert!(k > 0, "closed early");
-            got.extend_from_slice(&buf[..k]);
-        }
-        drop(s);
-        assert_eq!(seen(&n, &format!("va{i}")), "cancelled true");
     }
     for i in 0..5 {
-        for (key, want) in [
-            ("vc", "cancelled true"),
-            ("vt", "nil cancelled true"),
-            ("vi", "cancelled true"),
-            ("vk", "cancelled true"),
-        ] {
-            assert_eq!(seen(&n, &format!("{key}{i}")), want);
+        for pool in [LUA, RUST] {
+            for (key, want) in [
+                ("vc", "cancelled true"),
+                ("vt", "nil cancelled true"),
+                ("vi", "cancelled true"),
+                ("vk", "cancelled true"),
+            ] {
+                assert_eq!(seen(&n, &format!("{pool}-{key}{i}")), want);
+            }
         }
     }
-    assert_idle(&n);
+    assert_idle(&n, LUA);
+    assert_idle(&n, RUST);
     n.quit_under_valgrind();
     n.assert_clean_log();
 }
@@ -704,13 +718,18 @@ fn stream_endings_under_valgrind() {
 /// pool with the same arguments and the same input, and compares the
 /// whole sequence of chunks and the results: alike, it counts a
 /// comparison; a chunk that differs counts a mismatch and logs which.
-#[test]
-fn a_shadow_compares_the_chunks_and_the_result() {
-    let handler = |last: &str| {
+/// `main` and `alt` are each a Lua or a Rust pool (the fixture's
+/// "shadowed", whose last chunk differs when asked on CONFIG "alt").
+fn a_shadow_compares_the_chunks_and_the_result(main: &str, alt: &str) {
+    let handler = |pool: &str, kind: &str, last: &str| {
+        if kind == RUST {
+            let config = if pool == "alt" { " alt" } else { "" };
+            return format!("thread_pool_process_by_rust {pool} LIB{config};");
+        }
         format!(
-            r#"
+            r#"thread_pool_process_by_lua_block {pool} {{
         local tp = require "resty.threadpool"
-        return function(n, differ)
+        return function(_, n, differ)
             local sum = 0
             while true do
                 local v = tp.receive()
@@ -724,7 +743,8 @@ fn a_shadow_compares_the_chunks_and_the_result() {
             end
             assert(tp.send({last}))
             return "end"
-        end"#
+        end
+    }}"#
         )
     };
     let http = format!(
@@ -732,14 +752,14 @@ fn a_shadow_compares_the_chunks_and_the_result() {
     lua_thread_pool main threads=1;
     lua_thread_pool alt threads=1;
     thread_pool_shadow main alt sample=1;
-    thread_pool_process_by_lua_block main {{ {} }}
-    thread_pool_process_by_lua_block alt {{ {} }}
+    {}
+    {}
     server {{
         listen 127.0.0.1:$PORT;
         location /run {{
             content_by_lua_block {{
                 local tp = require "resty.threadpool"
-                local s = assert(tp.main:push_stream(5, ngx.var.arg_differ == "1"))
+                local s = assert(tp.main:push_stream("shadowed", 5, ngx.var.arg_differ == "1"))
                 assert(s:write(10))
                 assert(s:write(20))
                 s:close_write()
@@ -762,10 +782,10 @@ fn a_shadow_compares_the_chunks_and_the_result() {
         }}
     }}
 "#,
-        handler("n + sum"),
-        handler("differ and 0 or n + sum")
+        handler("main", main, "n + sum"),
+        handler("alt", alt, "differ and 0 or n + sum")
     );
-    let n = Nginx::start("", &http);
+    let n = Nginx::start("", &with_fixture(&http));
     assert_eq!(n.get("/run").text(), "31,32,33,34,35 end\n");
     assert!(
         eventually(Duration::from_secs(10), || n.get("/stats").text() == "1 0"),
@@ -784,4 +804,26 @@ fn a_shadow_compares_the_chunks_and_the_result() {
         "{log}"
     );
     n.assert_clean_log();
+}
+
+/// The shadow comparison with each kind of pool as POOL and as SHADOW.
+mod a_shadow_compares_the_chunks_and_the_result {
+    use super::{a_shadow_compares_the_chunks_and_the_result as shadow, LUA, RUST};
+
+    #[test]
+    fn lua() {
+        shadow(LUA, LUA)
+    }
+    #[test]
+    fn rust() {
+        shadow(RUST, RUST)
+    }
+    #[test]
+    fn lua_shadowed_by_rust() {
+        shadow(LUA, RUST)
+    }
+    #[test]
+    fn rust_shadowed_by_lua() {
+        shadow(RUST, LUA)
+    }
 }

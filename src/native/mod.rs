@@ -214,8 +214,6 @@ unsafe extern "C" fn cancelled(task: *const abi::ngx_tp_task_t) -> c_int {
     c_int::from(unsafe { (*(*task).module.cast::<Cancel>()).is_cancelled() })
 }
 
-/// `ngx_tp_log_pt`: a line in nginx's error log at `level` (clamped to
-/// the header's levels), ending like a Lua thread's.
 /// `task->send`: hands a copy of the chunk to the stream of the task this
 /// thread runs (handoff::stream, which pool/thread.rs marks for the run).
 unsafe extern "C" fn send(_task: *const abi::ngx_tp_task_t, data: *const u8, len: usize) -> c_int {
@@ -270,6 +268,8 @@ unsafe extern "C" fn receive(
     .unwrap_or(abi::ERROR)
 }
 
+/// `ngx_tp_log_pt`: a line in nginx's error log at `level` (clamped to
+/// the header's levels), ending like a Lua thread's.
 unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, len: usize) {
     let _ = guard::catch(|| {
         // SAFETY: log is the LogTo of State::new, alive for the state's
