@@ -374,6 +374,10 @@ fn mismatch_line(pool: &str, secret: &str) -> String {
     let n = start();
     assert_eq!(get(&n, &format!("/log?pool={pool}&secret={secret}")), "ok");
     assert_eq!(counts_once(&n, pool, |c, _| c >= 3), (3, 3, 0));
+    // a mismatch is counted before its line is written
+    eventually(Duration::from_secs(10), || {
+        n.error_log().contains("and its shadow")
+    });
     let log = n.error_log();
     let lines: Vec<&str> = log
         .lines()
