@@ -21,7 +21,8 @@ only), runs seven sections and writes bench/REPORT.md and bench/*.png
   stream      a 64 MiB output in 64 KiB chunks, streamed (push_stream)
               or whole: time to first byte, total time, the worker's
               peak RSS; MB/s and event-loop CPU per chunk against a
-              push_task of the same size; a Lua pool and a Rust pool
+              push_task of the same size; how soon a waiting handler
+              sees its caller let go; a Lua pool and a Rust pool
 
 Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
 ~1 minute smoke version; the full run takes ~15 minutes.
@@ -473,11 +474,12 @@ def section_stream(plan, res):
     whole (every chunk read first), on a fresh nginx per cell so that the
     worker's peak RSS (VmHWM) is the cell's own; then, inside nginx, one
     stream's chunks read against push_tasks of each chunk size one after
-    another: MB/s and the event loop's CPU per chunk. Pools and modes
-    alternate by round."""
+    another: MB/s and the event loop's CPU per chunk; and how soon a
+    handler waiting in send or receive sees its caller let go. Pools and
+    modes alternate by round."""
     n = STREAM_MIB * 1024 * 1024 // STREAM_CHUNK
     pools = ("stream_lua", rust_pool.POOL)
-    http, drain, skipped, logs, alive = {}, {}, {}, [], True
+    http, drain, cancel, skipped, logs, alive = {}, {}, {}, {}, [], True
     for rnd in range(plan["stream_rounds"]):
         log(f"stream round {rnd + 1}/{plan['stream_rounds']}")
         for pool in rotated(list(pools), rnd):
@@ -517,10 +519,18 @@ def section_stream(plan, res):
                 # round 0 warms the JIT and the pools' states up
                 if rnd:
                     drain.setdefault(f"{pool}|{mode}|{size}", []).append(r)
+        for rnd in range(plan["stream_rounds"]):
+            for pool, how in rotated([(p, h) for p in ngs for h in ("close", "timeout")], rnd):
+                r = ngs[pool].get_json(f"/stream/cancel?pool={pool}&how={how}"
+                                       f"&trials={plan['mech_trials']}", timeout=300)
+                c = cancel.setdefault(f"{pool}|{how}", dict(late_us=[], missed=0))
+                c["late_us"] += r["late_us"]
+                c["missed"] += r["missed"]
         alive = alive and all(ng.alive() for ng in ngs.values())
     logs += [line for ng in ngs.values() for line in ng.problems()]
     res["stream"] = dict(mib=STREAM_MIB, chunk=STREAM_CHUNK, drain_mib=plan["drain_mib"],
-                         http=http, drain=drain, skipped=skipped, alive=alive, log=logs)
+                         http=http, drain=drain, cancel=cancel, skipped=skipped,
+                         alive=alive, log=logs)
 
 
 def machine():

@@ -5,6 +5,9 @@
 --
 --   "chunks", n, size   sends n chunks of `size` bytes, returns n
 --   "one", size         returns one chunk: a push_task of a chunk's size
+--   "forever", path     sends until a send fails, then writes the time
+--                       (CLOCK_MONOTONIC, µs) to the file at path
+--   "input", path       receives until a receive fails, then the same
 --
 -- The event loop's side, on the pool named by ?pool=:
 --
@@ -17,6 +20,9 @@
 --       no HTTP: n chunks of one stream read, or n push_tasks of "one"
 --       one after another; answers JSON with the wall time and the event
 --       loop's CPU time
+--   GET /stream/cancel?pool=P&how=close|timeout&trials=20
+--       how long after the caller let go the handler's waiting send
+--       (s:close()) or receive (a read's timeout) returned, in µs
 
 local ffi = require "ffi"
 local cjson = require "cjson.safe"
@@ -69,6 +75,26 @@ end
 
 function tasks.one(size)
     return rep("x", size)
+end
+
+local function note_time(path)
+    local f = assert(io.open(path, "w"))
+    f:write(("%.3f"):format(clock_us(CLOCK_MONOTONIC)))
+    f:close()
+end
+
+function tasks.forever(path)
+    local send = require("resty.threadpool").send
+    while send("x") do
+    end
+    note_time(path)
+end
+
+function tasks.input(path)
+    local receive = require("resty.threadpool").receive
+    while receive() ~= nil do
+    end
+    note_time(path)
 end
 
 function _M.task(name, ...)
@@ -168,6 +194,62 @@ function _M.drain()
         elapsed_us = clock_us(CLOCK_MONOTONIC) - t0,
         loop_cpu_us = clock_us(CLOCK_THREAD_CPUTIME_ID) - cpu0,
     }))
+end
+
+-- How long after its caller let go a handler waiting in send (how=close:
+-- the reader read one chunk of a stream bound to 1, then closed it) or in
+-- receive (how=timeout: the reader's read timed out) saw it.
+local CANCEL_TIMEOUT = 0.02
+
+local function note_of(path)
+    for _ = 1, 5000 do
+        local f = io.open(path)
+        if f then
+            local t = tonumber(f:read("*a"))
+            f:close()
+            os.remove(path)
+            if t then
+                return t
+            end
+        end
+        ngx.sleep(0.001)
+    end
+end
+
+function _M.cancel()
+    local args = ngx.req.get_uri_args()
+    local pool = require("resty.threadpool")[args.pool or ""]
+    local trials = tonumber(args.trials) or 20
+    if not pool or (args.how ~= "close" and args.how ~= "timeout") then
+        ngx.status = 400
+        ngx.say("usage: ?pool=NAME&how=close|timeout&trials=N")
+        return ngx.exit(400)
+    end
+    local late, missed = {}, 0
+    for i = 1, trials do
+        local path = ngx.config.prefix() .. "logs/cancel-" .. i
+        local s, gaveup
+        if args.how == "close" then
+            s = assert(pool:push_stream_opts({ chunks = 1 }, "forever", path))
+            assert(s:read())
+            -- the handler fills the bound and waits in its next send
+            ngx.sleep(0.005)
+            s:close()
+            gaveup = clock_us(CLOCK_MONOTONIC)
+        else
+            s = assert(pool:push_stream("input", path))
+            local _, err = s:read(CANCEL_TIMEOUT)
+            gaveup = clock_us(CLOCK_MONOTONIC)
+            assert(err == "timeout", err)
+        end
+        local seen = note_of(path)
+        if seen then
+            late[#late + 1] = seen - gaveup
+        else
+            missed = missed + 1
+        end
+    end
+    ngx.say(encode({ late_us = late, missed = missed }))
 end
 
 return _M
