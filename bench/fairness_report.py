@@ -403,7 +403,10 @@ def write_overload(meta, results):
         "from the push can see. A refusal's cost to the event loop: the CPU time of "
         "its thread (CLOCK_THREAD_CPUTIME_ID) in the refused `push_task_timeout` "
         "call, counted in nginx; the rest of a 503 is nginx's and the same for any "
-        "request.",
+        "request. A task that expired in the queue is answered \"overloaded\" too, "
+        "after its call waited: the event loop's CPU over that wait (other "
+        "requests' work) puts it at ≥ 1 ms, so that column counts the expired "
+        "(the server's `expired`), and the refusals at the push are the others.",
         "",
         overload_time_table(new + kept),
         "",
