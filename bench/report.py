@@ -46,6 +46,12 @@ def md_machine(res):
         "(`lua_worker_thread_vm_pool_size 100`, the default), `thread_pool tp "
         "threads=2` for push_task; both with nginx's default max_queue 65536.",
     ]
+    rerun = res.get("rerun")
+    if rerun:
+        lines.append(f"- Section **{rerun['section']}** is from a run of it alone "
+                     f"(`bench/run.py --sections {rerun['section']}`), started "
+                     f"{rerun['started']}, load average {' '.join(rerun['loadavg_start'])} "
+                     "before: it failed in the run above, and was fixed")
     return "\n".join(lines) + "\n"
 
 
