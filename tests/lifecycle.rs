@@ -225,6 +225,13 @@ fn assert_exited(n: &Nginx, pids: &BTreeSet<u32>) {
         "old workers still running: {:?}",
         workers(n).intersection(pids)
     );
+    // The master logs a worker's exit when it reaps it, which may come
+    // after the worker is gone from its children.
+    let logged = |log: &str, pid: &u32| log.contains(&format!("worker process {pid} exited"));
+    eventually(EXIT_BOUND, || {
+        let log = n.error_log();
+        pids.iter().all(|pid| logged(&log, pid))
+    });
     let log = n.error_log();
     for pid in pids {
         assert!(
