@@ -122,12 +122,18 @@ def f_ratio(x):
     return "–" if x is None else f"{x:.2f}×"
 
 
-def f_spread(s, k):
-    """Figure k of a cell: its median, and the [min–max] of its rounds."""
-    xs = [r[k] for r in s["rounds"] if r[k] is not None] if s else []
+def f_range(xs):
+    """Figures of several rounds: their median, and [min–max] for more
+    than one."""
+    xs = [x for x in xs if x is not None]
     if not xs:
         return "–"
-    return f_num(s[k]) + (f" [{f_num(min(xs))}–{f_num(max(xs))}]" if len(xs) > 1 else "")
+    return f_num(median(xs)) + (f" [{f_num(min(xs))}–{f_num(max(xs))}]" if len(xs) > 1 else "")
+
+
+def f_spread(s, k):
+    """Figure k of a cell: its median, and the [min–max] of its rounds."""
+    return f_range(r[k] for r in s["rounds"]) if s else "–"
 
 
 def table(head, rows):

@@ -4,7 +4,7 @@ against a push_task of the same size."""
 
 import rust_pool
 from cells import STREAM_MODES, STREAM_SIZES
-from figures import PAYLOAD_LABEL, f_num, f_ratio, median, table
+from figures import PAYLOAD_LABEL, f_num, f_range, f_ratio, median, table
 
 POOL_LABEL = {"stream_lua": "Lua pool", rust_pool.POOL: "Rust pool"}
 MODE_LABEL = {"stream": "streamed", "whole": "whole", "task": "push_task per chunk"}
@@ -13,14 +13,6 @@ MODE_LABEL = {"stream": "streamed", "whole": "whole", "task": "push_task per chu
 # buffers, with room for the allocator.
 RSS_BOUND_MIB = 8
 PLOT = "stream_ttfb.png"
-
-
-def spread(xs):
-    """The median of xs and, for more than one, [min–max]."""
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "–"
-    return f_num(median(xs)) + (f" [{f_num(min(xs))}–{f_num(max(xs))}]" if len(xs) > 1 else "")
 
 
 def http_figures(runs):
@@ -61,8 +53,8 @@ def md_stream(res, targets):
         figs = {m: http_figures(s["http"].get(f"{pool}|{m}", [])) for m in STREAM_MODES}
         for m in STREAM_MODES:
             f = figs[m]
-            rows.append([label, MODE_LABEL[m], spread(f["ttfb"]), spread(f["total"]),
-                         spread(f["mbs"]), spread(f["rss"])])
+            rows.append([label, MODE_LABEL[m], f_range(f["ttfb"]), f_range(f["total"]),
+                         f_range(f["mbs"]), f_range(f["rss"])])
         ttfb = {m: median(figs[m]["ttfb"]) for m in STREAM_MODES}
         ok = None if None in ttfb.values() else ttfb["stream"] <= 0.1 * ttfb["whole"]
         targets.append((f"{label}: time to first byte streamed ≤ 0.1× whole's "
@@ -89,9 +81,9 @@ def md_stream(res, targets):
                  for m in ("stream", "task")}
             loop = {m: median(f[m]["loop"]) for m in f}
             r = None if None in loop.values() or not loop["task"] else loop["stream"] / loop["task"]
-            rows.append([label, PAYLOAD_LABEL[str(size)], spread(f["stream"]["mbs"]),
-                         spread(f["task"]["mbs"]), spread(f["stream"]["loop"]),
-                         spread(f["task"]["loop"]), f_ratio(r)])
+            rows.append([label, PAYLOAD_LABEL[str(size)], f_range(f["stream"]["mbs"]),
+                         f_range(f["task"]["mbs"]), f_range(f["stream"]["loop"]),
+                         f_range(f["task"]["loop"]), f_ratio(r)])
             targets.append((f"{label}: event-loop CPU per {PAYLOAD_LABEL[str(size)]} "
                             "chunk ≤ 1.0× a push_task's of the same size",
                             f_ratio(r), None if r is None else r <= 1.0))
@@ -114,7 +106,7 @@ def md_stream(res, targets):
                 continue
             late = c["late_us"]
             mid = median(late)
-            rows.append([label, what, len(late), c["missed"], spread(late)])
+            rows.append([label, what, len(late), c["missed"], f_range(late)])
             targets.append((f"{label}: a handler waiting in a stream sees its caller's "
                             f"{how} within 1 ms (median)", f"{f_num(mid)} µs",
                             None if mid is None else mid < 1000))
