@@ -162,6 +162,7 @@ bench-compare: build
 # QUICK=1 for a ~2 minute smoke run.
 fairness: build bench-deps
 	@$(MAKE) --no-print-directory deps
+	cargo build --release -p bench-overload-client
 	QUICK=$(QUICK) /usr/bin/python3 bench/fairness.py
 
 # Requests ending under their tasks (tests/lifetime.rs, scenarios a-d; the

@@ -17,7 +17,8 @@ bench/out/overload.json): the simulated task behind the gate or reuseport,
 under N closed-loop slots, each request a thumbnail with probability 0.5 and
 a static page otherwise, at loads of 5 to 20 requests waiting on the pool
 per thread; defaults against a deadline only against a deadline and a tuned
-max_queue.
+max_queue. Their client is bench/overload-client (a thread per slot, blocking
+sockets), so that its own lateness stays out of the times it measures.
 """
 
 import argparse
@@ -25,7 +26,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import time
@@ -430,82 +430,21 @@ def measure(modes, kind, loads, secs, timeout_ms, images, rounds, keepalive):
     return results
 
 
-async def ask(conn, port, path, keepalive, connects):
-    """One request, on conn[0] (kept, opened if None) or on a new
-    connection, whose time to connect (ms) goes to `connects`: its status."""
-    if not keepalive:
-        t0 = time.monotonic()
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        connects.append((time.monotonic() - t0) * 1000)
-        try:
-            w.write(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
-            data = await r.read()
-        finally:
-            w.close()
-        return int(data.split(b" ", 2)[1])
-    if conn[0] is None:
-        conn[0] = await asyncio.open_connection("127.0.0.1", port)
-    r, w = conn[0]
-    w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    head = await r.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    await r.readexactly(length)
-    return int(head.split(b" ", 2)[1])
+# The overload workload's client (bench/overload-client): a thread per slot
+# and blocking sockets, so that its own lateness stays out of what it times.
+OVERLOAD_CLIENT = procs.RELEASE_DIR / "overload-client"
 
 
-async def slot(port, timeout, until, classes, keepalive, rng):
-    """A closed-loop slot of the overload workload: a thumbnail with
-    probability 0.5, else a static page, one after the other; a new
-    connection after a timeout or an error."""
-    conn = [None]
-    while time.monotonic() < until:
-        c = "thumb" if rng.random() < 0.5 else "static"
-        stats = classes[c]
-        t0 = time.monotonic()
-        try:
-            status = await asyncio.wait_for(
-                ask(conn, port, "/task" if c == "thumb" else "/static", keepalive,
-                    stats["connect"]),
-                timeout)
-            done = time.monotonic()
-            stats["lat"].setdefault(status, []).append((done - t0) * 1000)
-            # the rate: answers after the cell's end would count above capacity
-            if status == 200 and done <= until:
-                stats["served"] += 1
-        except (asyncio.TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
-                IndexError) as e:
-            stats["timeouts" if isinstance(e, asyncio.TimeoutError) else "errors"] += 1
-            if conn[0] is not None:
-                conn[0][1].close()
-                conn[0] = None
-    if conn[0] is not None:
-        conn[0][1].close()
-
-
-async def lag(until, lags):
-    """How late the client's own event loop wakes up from a 10 ms sleep
-    (ms): time a busy client adds to every request it times."""
-    while time.monotonic() < until:
-        t0 = time.monotonic()
-        await asyncio.sleep(0.01)
-        lags.append((time.monotonic() - t0 - 0.01) * 1000)
-
-
-async def overload_cell(port, slots, secs, timeout_ms, keepalive):
-    until = time.monotonic() + secs
-    classes = {c: dict(lat={}, timeouts=0, errors=0, connect=[], served=0)
+def overload_cell(port, slots, secs, timeout_ms, keepalive):
+    out = subprocess.run([str(OVERLOAD_CLIENT), str(port), str(slots), str(secs),
+                          str(timeout_ms), str(int(keepalive))],
+                         check=True, capture_output=True, text=True).stdout
+    seen = json.loads(out)
+    classes = {c: dict(seen[c], lat={int(k): v for k, v in seen[c]["lat"].items()})
                for c in ("static", "thumb")}
-    rng = random.Random(slots)
-    lags = []
-    await asyncio.gather(lag(until, lags),
-                         *(slot(port, timeout_ms / 1000, until, classes, keepalive, rng)
-                           for _ in range(slots)))
-    metrics = (await get(port, "/metrics", 5.0)).decode()
-    refused = json.loads(await get(port, "/stats", 5.0))["refused"]
-    return classes, metrics, dict(lags=lags, refused=refused)
+    metrics = asyncio.run(get(port, "/metrics", 5.0)).decode()
+    refused = json.loads(asyncio.run(get(port, "/stats", 5.0)))["refused"]
+    return classes, metrics, dict(lags=seen["lags"], refused=refused)
 
 
 def counter_sum(text, name):
@@ -550,8 +489,8 @@ def measure_overload(plan, keepalive):
                 log(f"overload {spread_name}, {policy}: {slots} slots ({load}x), "
                     f"{plan['secs']}s, keepalive {keepalive}")
                 with Nginx(mode, "sim", make_images()) as ngx:
-                    res = asyncio.run(overload_cell(ngx.port, slots, plan["secs"],
-                                                    plan["timeout_ms"], keepalive))
+                    res = overload_cell(ngx.port, slots, plan["secs"],
+                                        plan["timeout_ms"], keepalive)
                 r = overload_summary(*res, plan["secs"])
                 r.update(spread=spread_name, policy=policy, load=load, slots=slots,
                          keepalive=keepalive, timeout_ms=plan["timeout_ms"])

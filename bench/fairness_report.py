@@ -312,15 +312,16 @@ def write(meta, results):
 
 def overload_table(rows, capacity):
     out = ["| load (slots) | spread | policy | thumb timeouts | thumbs answered 503 / 504 "
-           "| thumbs/s (% of capacity) | static timeouts | static p99 ms "
-           "| 503 p50/p99 ms | overloaded / expired / queue full (server) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| thumbs/s (% of capacity) | thumb 200 p50/p99 ms | static timeouts "
+           "| static p99 ms | 503 p50/p99 ms | overloaded / expired / queue full (server) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, st = r["thumb"], r["static"]
         out.append(
             f"| {r['load']}x ({r['slots']}) | {r['spread']} | {r['policy']} "
             f"| {pct2(t['timeout_pct'])} | {t['refused_pct']:.1f} % / {t['late_pct']:.1f} % "
             f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
+            f"| {ms(t['p50'])}/{ms(t['p99'])} "
             f"| {pct2(st['timeout_pct'])} | {ms(st['p99'])} "
             f"| {ms(t['refused_p50'])}/{ms(t['refused_p99'])} "
             f"| {r['overloaded']:.0f} / {r['expired']:.0f} / {r['rejected']:.0f} |")
@@ -380,7 +381,9 @@ def write_overload(meta, results):
         "waits on a thumbnail. Policies: `defaults` (push_task, max_queue 65536), "
         "`deadline` (push_task_timeout(0.45) and nothing else), `deadline + "
         "max_queue=48`; a refusal (\"overloaded\", \"queue full\") is answered 503, "
-        "a timeout 504. 503 p50/p99: the client's time to a refusal.",
+        "a timeout 504. Times are the client's, from the start of its connect: "
+        "thumb 200, to a thumbnail; 503, to a refusal. The client is "
+        "bench/overload-client: a thread per slot, blocking sockets.",
         "",
         "## Targets (only a deadline, behind the gate)",
         "",
@@ -397,10 +400,10 @@ def write_overload(meta, results):
         "## Where the time goes",
         "",
         "Before nginx reads a request, the client waits to connect (the kernel's "
-        "accept queue, with a new connection per request) and for its own event loop "
-        "(one Python process runs every slot on the same 2 cores: \"client lag\" is "
-        "how late it wakes from a 10 ms sleep). Neither is time a deadline counted "
-        "from the push can see. A refusal's cost to the event loop: the CPU time of "
+        "accept queue, with a new connection per request) and for a core (the client "
+        "runs on the same 2 cores: \"client lag\" is how late its thread wakes from a "
+        "10 ms sleep). Neither is time a deadline counted from the push can see. A "
+        "refusal's cost to the event loop: the CPU time of "
         "its thread (CLOCK_THREAD_CPUTIME_ID) in the refused `push_task_timeout` "
         "call, counted in nginx; the rest of a 503 is nginx's and the same for any "
         "request. A task that expired in the queue is answered \"overloaded\" too, "

@@ -4,7 +4,8 @@
 //! the tasks ahead, its threads and its measured run time, is refused at
 //! once with "overloaded"; a queued task whose deadline came too close
 //! while it waited is never started; pushes without a deadline queue as
-//! before; and the counters say which happened.
+//! before; while the queue stands, a push is admitted only for a wait of
+//! about one run; and the counters say which happened.
 //!
 //! Deterministic: the pool has one thread, held by a task that waits for
 //! a file the location creates; the run time the pool measures is set
@@ -129,6 +130,58 @@ const HTTP: &str = r##"
                 for _, t in ipairs(behind) do
                     out[#out + 1] = o.show(select(2, ngx.thread.wait(t)))
                 end
+                ngx.print(table.concat(out, " "))
+            }
+        }
+        # The queue stands: one task after another taken after a wait, for
+        # longer than an interval (a sleep of 0.15 s, then a second hold).
+        # While it stands, a push with all the time it needs is refused
+        # when it would wait more than a run; once tasks have been taken
+        # at once for an interval, it is admitted again.
+        location /standing {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local o = require "overload"
+                local function queue(...)
+                    local args = { ... }
+                    return ngx.thread.spawn(function()
+                        return tp.ov:push_task(unpack(args))
+                    end)
+                end
+                local function limit(want)
+                    for _ = 1, 10000 do
+                        local s = tp.ov:stats()
+                        if (s.wait_limit > 0) == want then
+                            return s.wait_limit == s.run_estimate
+                        end
+                        -- short waits, for an interval, end the standing
+                        if not want then tp.ov:push_task("sleep", 0.01) end
+                        ngx.sleep(0.001)
+                    end
+                    return "never"
+                end
+                local release = o.hold("ov")
+                local go2 = o.trace("go2")
+                local queued = { queue("sleep", 0.15), queue("hold", go2),
+                                 queue("mark", o.trace("behind")) }
+                ngx.sleep(0.01)
+                release()
+                local out = { "limit=" .. tostring(limit(true)) }
+                local refused = ngx.thread.spawn(function()
+                    return tp.ov:push_task_timeout(60, "mark", o.trace("refused"))
+                end)
+                assert(io.open(go2, "w")):close()
+                for _, t in ipairs(queued) do assert(ngx.thread.wait(t)) end
+                out[#out + 1] = o.show(select(2, ngx.thread.wait(refused)))
+                out[#out + 1] = "limit=" .. tostring(limit(false))
+                release = o.hold("ov")
+                local behind = queue("mark", o.trace("behind2"))
+                local admitted = ngx.thread.spawn(function()
+                    return tp.ov:push_task_timeout(60, "mark", o.trace("admitted"))
+                end)
+                release()
+                assert(ngx.thread.wait(behind))
+                out[#out + 1] = o.show(select(2, ngx.thread.wait(admitted)))
                 ngx.print(table.concat(out, " "))
             }
         }
@@ -273,6 +326,23 @@ fn a_task_whose_deadline_came_in_the_queue_never_runs() {
     ngx.assert_clean_log();
 }
 
+#[test]
+fn a_standing_queue_admits_a_wait_of_one_run() {
+    let ngx = start(65536);
+    measure(&ngx, "ov");
+    // Standing, the hold running and one task queued: the push would
+    // wait two runs (2 s or more), within its 60 s but not one run. Not
+    // standing, the same queue admits it: it waits, then runs.
+    assert_eq!(
+        ngx.get("/standing").text(),
+        "limit=true nil,overloaded limit=false mark"
+    );
+    assert!(!traced(&ngx, "refused"), "the refused task ran");
+    assert!(traced(&ngx, "admitted"));
+    assert_eq!(stats(&ngx)["overloaded"], "1");
+    ngx.assert_clean_log();
+}
+
 /// Accepted, refused (overloaded, a batch's tasks counted each, queue
 /// full) and expired, each counted exactly, in stats() and in the
 /// Prometheus exposition; the expected wait is one run time while the
@@ -319,6 +389,7 @@ fn counters_under_a_known_mix() {
         ("tasks_expired_total", 1.0),
         ("tasks_rejected_total", 1.0),
         ("expected_wait_seconds", 0.0),
+        ("wait_limit_seconds", 0.0),
     ] {
         let key = format!("ngx_threadpool_{name}{{pool=ov,worker=0}}");
         assert_eq!(m.get(&key), Some(&want), "{key}: {m:?}");

@@ -156,7 +156,7 @@ local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
 local SHADOW = { "compared", "mismatched", "skipped" }
 local SHADOW_AT = #COUNTERS + 2 * (#BOUNDS + 1)
 -- then the estimates of deadline-aware admission, in µs, as seconds
-local ESTIMATES = { "expected_wait", "run_estimate" }
+local ESTIMATES = { "expected_wait", "run_estimate", "wait_limit" }
 local ESTIMATES_AT = SHADOW_AT + #SHADOW
 -- then the stream counters, as stream_<name> (streams: as it is)
 local STREAM = { "streams", "chunks_out", "bytes_out", "chunks_in",

@@ -139,6 +139,10 @@ const ESTIMATES: [(&str, &str); ESTIMATE_NAMES.len()] = [
         "ngx_threadpool_run_estimate_seconds",
         "Recent run time of a task (a moving average).",
     ),
+    (
+        "ngx_threadpool_wait_limit_seconds",
+        "Longest wait admitted while the queue stands (0: it does not).",
+    ),
 ];
 
 const HISTOGRAMS: [(&str, &str); 2] = [

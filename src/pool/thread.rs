@@ -150,6 +150,10 @@ pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, se
         let mut now = Instant::now();
         while let Some(claim) = job.claim(threads) {
             stats.taken.fetch_add(claim.len() as u64, Ordering::Relaxed);
+            stats.took(
+                now.saturating_duration_since(job.queued_at),
+                now.saturating_duration_since(watch.epoch),
+            );
             PoolStats::add(&stats.busy);
             job.result_buffers(claim.clone(), &mut buffers);
             for (i, bytes) in claim.zip(buffers.drain(..)) {

@@ -11,6 +11,14 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+/// A queue stands when every task taken for STANDING_INTERVAL waited at
+/// least STANDING_TARGET: CoDel's figures (Nichols and Jacobson, 2012),
+/// which Facebook's RPC servers use for their queues too. A queue that
+/// only absorbs a burst empties within the interval; one that does not is
+/// fed faster than it is served.
+const STANDING_TARGET: Duration = Duration::from_millis(5);
+const STANDING_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Upper bounds of the histograms' buckets, in microseconds: 10 µs to 10 s
 /// by powers of ten; the last bucket holds everything above.
 pub const BUCKET_BOUNDS_US: [u64; 7] = [10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
@@ -148,6 +156,12 @@ pub struct PoolStats {
     /// The recent run time of a task, in µs (0: none measured yet): a
     /// moving average, each task weighing 1/8 (see `measured`).
     pub run_estimate_us: AtomicU64,
+    /// The queue's standing state, kept by the threads as they take tasks
+    /// (see `took`): 1 while it stands. While the waits of the tasks taken
+    /// say otherwise, `flips_at_us` holds when the state changes if they
+    /// go on saying it (µs since the worker's epoch); 0 otherwise.
+    pub standing: AtomicU64,
+    pub flips_at_us: AtomicU64,
     /// From push to a thread taking the task.
     pub wait: Histogram,
     /// The handler's run.
@@ -210,7 +224,7 @@ pub const SHADOW_AT: usize = COUNTER_NAMES.len() + 2 * (BUCKETS + 1);
 
 /// Names of the estimates of deadline-aware admission, in µs, in
 /// `write`'s order, after the shadow counters.
-pub const ESTIMATE_NAMES: [&str; 2] = ["expected_wait", "run_estimate"];
+pub const ESTIMATE_NAMES: [&str; 3] = ["expected_wait", "run_estimate", "wait_limit"];
 
 /// Where the estimates start in `write`'s numbers.
 pub const ESTIMATES_AT: usize = SHADOW_AT + SHADOW_NAMES.len();
@@ -239,6 +253,7 @@ impl PoolStats {
         all.extend([&self.errors, &self.cancelled, &self.admitted, &self.pushed]);
         all.extend([&self.rejected, &self.timed_out, &self.abandoned]);
         all.extend([&self.overloaded, &self.expired, &self.run_estimate_us]);
+        all.extend([&self.standing, &self.flips_at_us]);
         all.extend(self.shadow_counters());
         all.extend(self.stream_counters());
         for h in [&self.wait, &self.run] {
@@ -312,14 +327,65 @@ impl PoolStats {
     }
 
     /// Whether `n` tasks pushed now with `timeout_us` to their deadline
-    /// can be expected to finish before it: their wait and a run. Tasks
-    /// that find a thread free, and every push before a run time is
+    /// can be expected to finish before it: their wait and a run. While
+    /// the queue stands, their wait must also be within `wait_limit_us`.
+    /// Tasks that find a thread free, and every push before a run time is
     /// measured, are admitted: a pool that refused every push would never
     /// measure again.
     pub fn admits(&self, n: u64, timeout_us: u64) -> bool {
         let estimate = self.run_estimate_us.load(Relaxed);
         let wait = self.expected_wait_us(n);
-        estimate == 0 || wait == 0 || wait.saturating_add(estimate) <= timeout_us
+        if estimate == 0 || wait == 0 {
+            return true;
+        }
+        let limit = self.wait_limit_us().unwrap_or(u64::MAX);
+        wait <= limit && wait.saturating_add(estimate) <= timeout_us
+    }
+
+    /// The longest wait admitted while the queue stands (None while it
+    /// does not): one run of the threads, at least STANDING_TARGET. The
+    /// threads then always have a task ready as they finish one, and an
+    /// admitted task answers within about two runs of its push, however
+    /// far its deadline: the rest of the deadline is left for what the
+    /// pool cannot see (the request's time before the push, on a busy
+    /// host its wait to be accepted, and the way back).
+    fn wait_limit_us(&self) -> Option<u64> {
+        (self.standing.load(Relaxed) != 0).then(|| {
+            let target = STANDING_TARGET.as_micros() as u64;
+            self.run_estimate_us.load(Relaxed).max(target)
+        })
+    }
+
+    /// A pool thread took a task (or a claim of a batch's) that waited
+    /// `waited`, at `now` since the worker's epoch: CoDel's test of a
+    /// standing queue, both ways. The queue starts standing once every
+    /// task taken for a whole STANDING_INTERVAL waited at least
+    /// STANDING_TARGET, and stops once every task taken for an interval
+    /// waited less: under the limit the queue is short and now and then
+    /// empty, and one task taken at once must not give the full deadline
+    /// back (the queue would grow to it, and stand again, an interval
+    /// later). Writes only on a change: the event loop reads `standing` in
+    /// every push with a deadline. Threads that take tasks together may
+    /// each see the other's older state, which the next take corrects.
+    pub fn took(&self, waited: Duration, now: Duration) {
+        let standing = self.standing.load(Relaxed) != 0;
+        let flips_at = self.flips_at_us.load(Relaxed);
+        if (waited >= STANDING_TARGET) == standing {
+            if flips_at != 0 {
+                self.flips_at_us.store(0, Relaxed);
+            }
+            return;
+        }
+        // + 1: 0 means no change under way
+        let now_us = u64::try_from(now.as_micros()).unwrap_or(u64::MAX - 1) + 1;
+        if flips_at == 0 {
+            let interval = STANDING_INTERVAL.as_micros() as u64;
+            self.flips_at_us
+                .store(now_us.saturating_add(interval), Relaxed);
+        } else if now_us >= flips_at {
+            self.standing.store(u64::from(!standing), Relaxed);
+            self.flips_at_us.store(0, Relaxed);
+        }
     }
 
     /// Whether a thread should not start a task queued at `queued_at`
@@ -369,8 +435,9 @@ impl PoolStats {
     /// pushed, completed, errors, rejected, timed_out, abandoned, cancelled,
     /// overloaded, expired, then the wait and run histograms (bucket
     /// counts, then the sum in µs), then the shadow counters, then the
-    /// expected wait of a task pushed now and the run estimate, in µs,
-    /// then the stream counters.
+    /// expected wait of a task pushed now, the run estimate and the wait
+    /// limit of a standing queue (0: none), in µs, then the stream
+    /// counters.
     pub fn write(&self, out: &mut Vec<u64>) {
         out.extend([
             self.threads.load(Relaxed),
@@ -393,7 +460,11 @@ impl PoolStats {
         self.wait.write(out);
         self.run.write(out);
         out.extend(self.shadow_counters().map(|c| c.load(Relaxed)));
-        out.extend([self.expected_wait_us(1), self.run_estimate_us.load(Relaxed)]);
+        out.extend([
+            self.expected_wait_us(1),
+            self.run_estimate_us.load(Relaxed),
+            self.wait_limit_us().unwrap_or(0),
+        ]);
         out.extend(self.stream_counters().map(|c| c.load(Relaxed)));
     }
 }
@@ -504,6 +575,40 @@ mod tests {
         assert_eq!(s.expected_wait_us(1), 200_000);
         assert!(s.admits(1, 300_000));
         assert!(!s.admits(1, 299_999));
+    }
+
+    /// The queue stands once every task taken for an interval waited at
+    /// least the target, and stops once every task taken for an interval
+    /// waited less; while it stands, admission holds the wait to one run.
+    #[test]
+    fn a_standing_queue_limits_the_wait() {
+        let s = PoolStats::default();
+        let ms = Duration::from_millis;
+        s.threads.store(1, Relaxed);
+        s.run_estimate_us.store(30_000, Relaxed);
+        // one running, two queued, the push's own: it waits 3 runs
+        s.busy.store(1, Relaxed);
+        s.admitted.store(2, Relaxed);
+        assert!(s.admits(1, 10_000_000));
+        s.took(ms(5), ms(1000));
+        s.took(ms(50), ms(1099));
+        assert_eq!(s.wait_limit_us(), None, "not a whole interval yet");
+        s.took(ms(50), ms(1100));
+        assert_eq!(s.wait_limit_us(), Some(30_000));
+        assert!(!s.admits(1, 10_000_000));
+        s.admitted.store(0, Relaxed);
+        assert!(s.admits(1, 10_000_000), "one run ahead");
+        s.run_estimate_us.store(1000, Relaxed);
+        assert_eq!(s.wait_limit_us(), Some(5000), "at least the target");
+        s.took(ms(4), ms(1200));
+        s.took(ms(50), ms(1250));
+        s.took(ms(4), ms(1260));
+        s.took(ms(4), ms(1359));
+        assert_eq!(s.wait_limit_us(), Some(5000), "a task waited again");
+        s.took(ms(4), ms(1360));
+        assert_eq!(s.wait_limit_us(), None, "an interval of short waits");
+        s.took(ms(50), ms(1400));
+        assert_eq!(s.wait_limit_us(), None, "a new interval");
     }
 
     /// A queued task is late once its deadline passed, or, with tasks
