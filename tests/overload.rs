@@ -149,13 +149,14 @@ const HTTP: &str = r##"
                     end)
                 end
                 local function limit(want)
-                    for _ = 1, 10000 do
+                    for _ = 1, want and 10000 or 400 do
                         local s = tp.ov:stats()
                         if (s.wait_limit > 0) == want then
                             return s.wait_limit == s.run_estimate
                         end
-                        -- short waits, for an interval, end the standing
-                        if not want then tp.ov:push_task("sleep", 0.01) end
+                        -- short waits, for an interval, end the standing: few
+                        -- tasks in it, each of which a slow wake-up could spoil
+                        if not want then tp.ov:push_task("sleep", 0.05) end
                         ngx.sleep(0.001)
                     end
                     return "never"
