@@ -419,20 +419,15 @@ fn a_stream_without_chunks_is_a_task(pool: &str) {
         n.get(&format!("/plain?pool={pool}")).text(),
         "3 plain true nil stream closed | 3 plain\n"
     );
-    // Each kind words a send outside a stream for its own API (Lua's
-    // raises, the handler crate's StreamError::NoStream), and has its own
+    // One text for a send outside a stream (Lua's raises it, the handler
+    // crate's StreamError::NoStream displays it); each kind has its own
     // value that cannot cross: a function in Lua, which Rust has not;
     // there a table nested too deep.
-    let (no_stream, bad_value) = if pool == LUA {
-        (
-            "no stream: send() and receive() are for a handler run by push_stream",
-            "function",
-        )
+    let no_stream = "no stream: send and receive are for a handler run by push_stream";
+    let bad_value = if pool == LUA {
+        "function"
     } else {
-        (
-            "no stream: send and receive are for a task run by push_stream",
-            "nested deeper than",
-        )
+        "nested deeper than"
     };
     let text = n.get(&format!("/misuse?pool={pool}")).text();
     assert!(

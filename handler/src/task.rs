@@ -304,9 +304,7 @@ impl fmt::Display for StreamError {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         match self {
             StreamError::Cancelled => f.write_str("cancelled"),
-            StreamError::NoStream => {
-                f.write_str("no stream: send and receive are for a task run by push_stream")
-            }
+            StreamError::NoStream => f.write_str(ngx_threadpool_wire::NO_STREAM),
             StreamError::Value(e) => write!(f, "bad chunk: {e}"),
         }
     }

@@ -32,8 +32,9 @@ use std::time::Instant;
 /// (timeout, close, request gone).
 pub const CANCELLED: &str = "cancelled";
 
-/// What a send or receive outside a stream's handler raises.
-pub const NO_STREAM: &str = "no stream: send() and receive() are for a handler run by push_stream";
+/// What a send or receive outside a stream's handler raises: the handler
+/// crate's text too.
+pub use ngx_threadpool_wire::NO_STREAM;
 
 pub struct Stream {
     /// The record on the event loop, sent on `ready`.

@@ -67,6 +67,11 @@ pub mod level {
     pub const DEBUG: i32 = 8;
 }
 
+/// What a stream's send or receive says in a task not pushed with
+/// push_stream: the Lua thread library raises it, the handler crate's
+/// StreamError::NoStream displays it.
+pub const NO_STREAM: &str = "no stream: send and receive are for a handler run by push_stream";
+
 /// A table key a Lua table cannot hold.
 pub const NIL_KEY: &str = "nil table key";
 /// A table key a Lua table cannot hold.
