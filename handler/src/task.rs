@@ -208,8 +208,17 @@ impl<'t> Task<'t> {
 
     /// The argument at `position`, from 1, as [`args`](Task::args) reads
     /// each (an absent one is nil): a struct is a table read by field
-    /// name, a tuple or `Vec` a table read as an array.
+    /// name, a tuple or `Vec` a table read as an array. Position 0 is an
+    /// error of its own (`bad argument #0: positions start at 1`), not an
+    /// absent argument.
     pub fn arg<T: Deserialize<'t>>(&self, position: usize) -> Result<T, ArgError> {
+        if position == 0 {
+            return Err(ArgError::Bad {
+                position,
+                path: String::new(),
+                message: "positions start at 1".into(),
+            });
+        }
         self.read(position, std::marker::PhantomData)
             .map_err(ArgError::from)
     }

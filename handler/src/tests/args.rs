@@ -31,6 +31,10 @@ fn positional_tuple_with_nils_and_options() {
         assert_eq!(more.5, None);
         assert_eq!(t.arg::<f64>(3).unwrap(), 7.0);
         assert_eq!(t.arg::<Option<&str>>(9).unwrap(), None);
+        assert_eq!(
+            t.arg::<Option<&str>>(0).unwrap_err().to_string(),
+            "bad argument #0: positions start at 1"
+        );
         assert_eq!(t.args::<Vec<IgnoredAny>>().unwrap().len(), 5);
     });
 }
