@@ -71,19 +71,14 @@ fn left(t0: Instant, timeout: Duration) -> Result<Duration, Failed> {
     }
 }
 
-/// Reads into `buf` until `done` says how long the answer is, or the
-/// peer closes (HTTP/1.0); each read within the request's time.
-fn read_answer(
-    s: &mut TcpStream,
-    t0: Instant,
-    run: &Run,
-    buf: &mut Vec<u8>,
-    done: impl Fn(&[u8]) -> Option<usize>,
-) -> Result<(), Failed> {
+/// Reads the answer into `buf`: with keep-alive until its head and
+/// Content-Length are in, else until the peer closes (HTTP/1.0); each read
+/// within the request's time.
+fn read_answer(s: &mut TcpStream, t0: Instant, run: &Run, buf: &mut Vec<u8>) -> Result<(), Failed> {
     buf.clear();
     let mut chunk = [0u8; 4096];
     loop {
-        if done(buf).is_some_and(|n| buf.len() >= n) {
+        if run.keepalive && answer_len(buf).is_some_and(|n| buf.len() >= n) {
             return Ok(());
         }
         s.set_read_timeout(Some(left(t0, run.timeout)?))?;
@@ -119,8 +114,8 @@ fn status(buf: &[u8]) -> Result<u16, Failed> {
         .ok_or(Failed::Error)
 }
 
-/// One request on `conn` (kept, opened if None) or on a new connection:
-/// its status.
+/// One request, with keep-alive on `conn` (kept, opened if None), else on
+/// a new connection whose time to connect goes to `class`: its status.
 fn ask(
     run: &Run,
     conn: &mut Option<TcpStream>,
@@ -129,24 +124,28 @@ fn ask(
     buf: &mut Vec<u8>,
 ) -> Result<u16, Failed> {
     let t0 = Instant::now();
-    if !run.keepalive {
-        let mut s = TcpStream::connect_timeout(&run.addr, left(t0, run.timeout)?)?;
-        class.connect.push(ms(t0.elapsed()));
-        s.set_write_timeout(Some(left(t0, run.timeout)?))?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())?;
-        read_answer(&mut s, t0, run, buf, |_| None)?;
-        return status(buf);
-    }
-    if conn.is_none() {
-        *conn = Some(TcpStream::connect_timeout(
+    let connect = || -> Result<TcpStream, Failed> {
+        Ok(TcpStream::connect_timeout(
             &run.addr,
             left(t0, run.timeout)?,
-        )?);
-    }
-    let s = conn.as_mut().expect("opened above");
+        )?)
+    };
+    // the new connection, closed on return
+    let mut fresh = None;
+    let s = if run.keepalive {
+        if conn.is_none() {
+            *conn = Some(connect()?);
+        }
+        conn.as_mut().expect("opened above")
+    } else {
+        let s = fresh.insert(connect()?);
+        class.connect.push(ms(t0.elapsed()));
+        s
+    };
+    let version = if run.keepalive { "1.1" } else { "1.0" };
     s.set_write_timeout(Some(left(t0, run.timeout)?))?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())?;
-    read_answer(s, t0, run, buf, answer_len)?;
+    s.write_all(format!("GET {path} HTTP/{version}\r\nHost: x\r\n\r\n").as_bytes())?;
+    read_answer(s, t0, run, buf)?;
     status(buf)
 }
 
