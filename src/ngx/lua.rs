@@ -157,13 +157,35 @@ impl Sema {
         unsafe { (lua_module().sema_post)(self.0.as_ptr(), 1) };
     }
 
+    /// Its resources less its waiting coroutines.
+    fn count(&self) -> c_int {
+        // SAFETY: self is a live semaphore; event-loop thread.
+        unsafe { (lua_module().sema_count)(self.0.as_ptr()) }
+    }
+
     /// Whether a coroutine waits on it. A killed light thread stops
     /// waiting without a word to us: lua-nginx-module's cleanup of the
     /// wait only takes it off the semaphore's queue.
     pub fn has_waiter(&self) -> bool {
-        // SAFETY: self is a live semaphore; event-loop thread. The count is
-        // its resources less its waiters.
-        unsafe { (lua_module().sema_count)(self.0.as_ptr()) < 0 }
+        self.count() < 0
+    }
+
+    /// Takes back the resources of posts no one consumed, when no
+    /// coroutine waits on it. A post stays a resource when its waiter
+    /// stops waiting before the posted event that would resume it runs:
+    /// its light thread killed, or its timeout expired in the same turn
+    /// of the event loop (nginx runs expired timers before posted
+    /// events). lua-nginx-module's post adds `n` to the resources and
+    /// posts its event only for a waiting coroutine, so with none a post
+    /// of -n takes n back (lua-resty-core's Lua wrapper refuses n < 1;
+    /// the C function does not check).
+    pub fn take_back(&self) {
+        let left = self.count();
+        if left > 0 {
+            // SAFETY: self is a live semaphore; event-loop thread; no
+            // coroutine waits on it (count > 0), so no event is posted.
+            unsafe { (lua_module().sema_post)(self.0.as_ptr(), -left) };
+        }
     }
 
     /// Waits in the current coroutine of `r`: NGX_OK when a resource was
@@ -189,8 +211,10 @@ impl Sema {
 
 impl Drop for Sema {
     fn drop(&mut self) {
-        // SAFETY: created by sema_new and dropped once; gc removes a posted
-        // event and returns the memory to the lua module's allocator.
+        // SAFETY: created by sema_new and dropped once. gc returns the
+        // memory to the lua module's allocator but leaves a posted event
+        // on nginx's queue: semaphores are kept for reuse (take_back) and
+        // dropped when the worker exits, when no posted event runs.
         unsafe { (lua_module().sema_gc)(self.0.as_ptr()) }
     }
 }

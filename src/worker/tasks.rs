@@ -40,11 +40,10 @@ pub enum State {
 struct Slot {
     gen: u32,
     state: State,
-    /// Kept across reuse while clean (no unconsumed post).
+    /// Kept across reuse, and for the worker's life: a post its waiter
+    /// never consumed is taken back when the record is reused, since
+    /// freeing a semaphore would leave such a post's event queued.
     sema: Option<Sema>,
-    /// Posted and not yet consumed by a successful wait: such a semaphore
-    /// still holds a resource and cannot be reused.
-    sema_posted: bool,
     /// The push's tasks: shared with the pool threads while Running (to
     /// cancel them), their results once Done.
     work: Option<Job>,
@@ -267,7 +266,6 @@ impl Tasks {
                     gen: 1,
                     state: State::Free,
                     sema: None,
-                    sema_posted: false,
                     work: None,
                     anchor: 0,
                     owner: std::ptr::null_mut(),
@@ -281,14 +279,15 @@ impl Tasks {
             }
         };
         let slot = &mut self.slots[index as usize];
-        if slot.sema.is_none() {
-            match Sema::new() {
+        match &slot.sema {
+            Some(sema) => sema.take_back(),
+            None => match Sema::new() {
                 Ok(s) => slot.sema = Some(s),
                 Err(e) => {
                     self.free.push(index);
                     return Err(WorkerError::Semaphore(e));
                 }
-            }
+            },
         }
         slot.state = State::Running;
         slot.anchor = anchor;
@@ -439,14 +438,13 @@ impl Tasks {
     }
 
     /// Takes the results of a Done task, with its anchor key, and frees
-    /// the record. Taking them means the caller's wait consumed the post.
+    /// the record.
     pub fn take_result(&mut self, id: TaskId) -> Option<(Vec<Payload>, u64)> {
         let (gen, index) = split(id);
         let slot = self.slots.get_mut(index as usize)?;
         if slot.gen != gen || slot.state != State::Done {
             return None;
         }
-        slot.sema_posted = false;
         // the caller lets go of its strings itself
         let anchor = std::mem::take(&mut slot.anchor);
         let work = self.release_index(index)?;
@@ -496,7 +494,6 @@ impl Tasks {
                 slot.state = State::Done;
                 if let Some(sema) = &slot.sema {
                     sema.post();
-                    slot.sema_posted = true;
                 }
                 log::debug(format_args!("task {id:#x} done, resuming its caller"));
                 None
@@ -563,11 +560,6 @@ impl Tasks {
         }
         if slot.anchor != 0 {
             self.reaped.push(std::mem::take(&mut slot.anchor));
-        }
-        if slot.sema_posted {
-            // A post nobody consumed: the semaphore keeps a resource.
-            slot.sema = None;
-            slot.sema_posted = false;
         }
         slot.state = State::Free;
         slot.gen = (slot.gen.wrapping_add(1) & GEN_MASK).max(1);

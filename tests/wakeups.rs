@@ -1,0 +1,119 @@
+//! A wake-up that no one took stays with its record's semaphore: a chunk
+//! or a completion posts it while its coroutine waits, and, in the same
+//! turn of the event loop, before the posted wake-up runs, the wait ends
+//! another way (its timeout: nginx runs expired timers before posted
+//! events; or `ngx.thread.kill`). The record's next owner, a later push,
+//! must still wait for its own task: it answers with its task's result,
+//! not with nil, "no result" at once.
+//!
+//! Each race is made certain, not likely: a light thread holds the event
+//! loop in a blocking poll(2) while the pool's task ends and the waiter's
+//! timer (or its killer's) expires, so all of them meet in the turn after.
+//! One worker and one record free at a time: the next push gets the same
+//! record.
+
+mod common;
+
+use common::*;
+
+const MAIN: &str = "thread_pool gen threads=1;";
+
+/// The pool's handlers, which pause in the pool thread: a stream that
+/// sends one chunk after 50 ms, then returns; a task that echoes its
+/// argument after 100 ms.
+const HTTP: &str = r#"
+    init_by_lua_block {
+        require("ffi").cdef "int wakeups_test_poll(void *, unsigned long, int) asm(\"poll\");"
+    }
+    thread_pool_process_by_lua_block gen {
+        local ffi = require "ffi"
+        local tp = require "resty.threadpool"
+        ffi.cdef "int wakeups_test_usleep(unsigned int) asm(\"usleep\");"
+        return function(what, v)
+            if what == "chunk" then
+                ffi.C.wakeups_test_usleep(50000)
+                assert(tp.send("chunk"))
+                return
+            end
+            ffi.C.wakeups_test_usleep(100000)
+            return v
+        end
+    }
+"#;
+
+/// Runs `race` in a light thread while another holds the event loop for
+/// 300 ms, 10 ms after the race started waiting.
+const HOLD: &str = r#"
+    local C = require("ffi").C
+    local function hold()
+        ngx.sleep(0.01)
+        C.wakeups_test_poll(nil, 0, 300)
+    end
+"#;
+
+/// The pushes after a race: each must wait for its own task.
+const NEXT: &str = r#"
+    local out = {}
+    for _, v in ipairs({ "a", "b", "c" }) do
+        local r, err = tp.gen:push_task("echo", v)
+        out[#out + 1] = tostring(r) .. (err and (" " .. err) or "")
+    end
+    ngx.print(table.concat(out, ","))
+"#;
+
+fn run(race: &str, want: &str) {
+    Case::new(MAIN)
+        .http(HTTP)
+        .lua("/race", &format!("{HOLD}\n{race}"))
+        .lua("/next", NEXT)
+        .get("/race", 200, want)
+        .get("/next", 200, "a,b,c")
+        .run();
+}
+
+/// A stream's read times out in the turn its chunk comes.
+#[test]
+fn a_read_that_timed_out_as_its_chunk_came() {
+    run(
+        r#"
+        local s = assert(tp.gen:push_stream("chunk"))
+        local holder = ngx.thread.spawn(hold)
+        local v, err = s:read(0.1)
+        ngx.thread.wait(holder)
+        ngx.print(tostring(v), " ", err)
+        "#,
+        "nil timeout",
+    );
+}
+
+/// A push times out in the turn its task ends.
+#[test]
+fn a_push_that_timed_out_as_its_task_ended() {
+    run(
+        r#"
+        local holder = ngx.thread.spawn(hold)
+        local v, err = tp.gen:push_task_timeout(0.15, "echo", "late")
+        ngx.thread.wait(holder)
+        ngx.print(tostring(v), " ", err)
+        "#,
+        "nil timeout",
+    );
+}
+
+/// A waiting light thread is killed in the turn its task ends.
+#[test]
+fn a_waiter_killed_as_its_task_ended() {
+    run(
+        r#"
+        local waiter = ngx.thread.spawn(function()
+            return tp.gen:push_task("echo", "never")
+        end)
+        local holder = ngx.thread.spawn(hold)
+        ngx.sleep(0.15)
+        assert(ngx.thread.kill(waiter))
+        ngx.print("killed")
+        ngx.thread.wait(holder)
+        "#,
+        "killed",
+    );
+}
