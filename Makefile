@@ -257,7 +257,8 @@ deb: build
 # (Cargo.toml's package.metadata.lua-nginx-module; the module checks the
 # version it finds at start-up too) and on the libraries the .so links; its
 # maintainer scripts are Debian's own for nginx modules (dh_nginx's, from
-# nginx-dev), which enable and disable the snippet.
+# nginx-dev), which enable and disable the snippet. The README and the
+# docs/ it links to go to /usr/share/doc, compressed.
 DEB_PKG := libnginx-mod-http-$(NAME)
 LUA_VERSION_OF = $(shell sed -n '/^\[package.metadata.lua-nginx-module\]/,/^\[/s/^$(1) = "\(.*\)"/\1/p' Cargo.toml)
 LUA_OLDEST := $(call LUA_VERSION_OF,oldest)
@@ -276,9 +277,11 @@ package:
 	$(MAKE) --no-print-directory install-files DESTDIR=$(DEB_ROOT); \
 	strip --strip-unneeded --remove-section=.comment --remove-section=.note \
 		$(DEB_ROOT)$(MODULES_DIR)/$(MODULE_SO); \
-	install -d -m 0755 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG); \
-	gzip -9n < README.md > $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/README.md.gz; \
-	chmod 0644 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/README.md.gz; \
+	install -d -m 0755 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/docs; \
+	for doc in README.md docs/*.md; do \
+		gzip -9n < $$doc > $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/$$doc.gz; \
+		chmod 0644 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/$$doc.gz; \
+	done; \
 	printf 'Source: $(DEB_PKG)\n\nPackage: $(DEB_PKG)\nArchitecture: any\n' > $(DEB_OUT)/debian/control; \
 	shlibs=$$(cd $(DEB_OUT) && dpkg-shlibdeps -O -e root$(MODULES_DIR)/$(MODULE_SO) 2>/dev/null \
 		| sed -n 's/^shlibs:Depends=//p'); \

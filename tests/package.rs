@@ -139,15 +139,23 @@ fn package_files_and_dependencies() {
         .filter(|(_, (mode, _))| mode.starts_with('-'))
         .map(|(p, _)| p.as_str())
         .collect();
-    assert_eq!(
-        regular,
-        [
-            MODULE_SO,
-            "usr/share/doc/libnginx-mod-http-threadpool/README.md.gz",
-            "usr/share/lua/5.1/resty/threadpool.lua",
-            SNIPPET,
-        ]
-    );
+    // the README with the reference it links to, compressed as Debian's
+    // policy asks
+    let doc = "usr/share/doc/libnginx-mod-http-threadpool";
+    let mut want = vec![
+        MODULE_SO.to_string(),
+        format!("{doc}/README.md.gz"),
+        "usr/share/lua/5.1/resty/threadpool.lua".to_string(),
+        SNIPPET.to_string(),
+    ];
+    for entry in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            want.push(format!("{doc}/docs/{name}.gz"));
+        }
+    }
+    want.sort();
+    assert_eq!(regular, want);
     // readable by nginx's worker user; owned by root whoever built it
     for (path, (mode, owner)) in &files {
         let want = if mode.starts_with('d') {
