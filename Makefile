@@ -167,7 +167,8 @@ fairness: build bench-deps
 
 # Requests ending under their tasks (tests/lifetime.rs, scenarios a-d; the
 # abort paths of a C and a Rust native pool, tests/native.rs and
-# tests/rust_handler.rs; streams whose caller goes away, tests/stream.rs)
+# tests/rust_handler.rs; streams whose caller goes away, tests/stream.rs;
+# wake-ups no one took, tests/wakeups.rs)
 # in one nginx process under valgrind's memcheck;
 # fails on any memory error or definite leak not in tests/valgrind.supp.
 # A few minutes; not part of make test.
@@ -177,6 +178,7 @@ valgrind: build
 	cargo test --release --test native -- --ignored --nocapture native_abort_scenarios_under_valgrind
 	cargo test --release --test rust_handler -- --ignored --nocapture rust_abort_scenarios_under_valgrind
 	cargo test --release --test stream -- --ignored --nocapture stream_endings_under_valgrind
+	cargo test --release --test wakeups -- --ignored --nocapture the_races_under_valgrind
 
 # One nginx with 2 workers and every feature at once under a bounded
 # loopback load, a reload every 30 s, for MINUTES minutes: writes
