@@ -41,14 +41,20 @@ const HTTP: &str = r#"
     }
 "#;
 
-/// Runs `race` in a light thread while another holds the event loop for
-/// 300 ms, 10 ms after the race started waiting.
+/// A race's location: its Lua (RACE, which returns the answer) runs
+/// while a light thread holds the event loop for 300 ms, from 10 ms after
+/// the race started waiting.
 const HOLD: &str = r#"
     local C = require("ffi").C
-    local function hold()
+    local holder = ngx.thread.spawn(function()
         ngx.sleep(0.01)
         C.wakeups_test_poll(nil, 0, 300)
-    end
+    end)
+    local answer = (function()
+        RACE
+    end)()
+    ngx.thread.wait(holder)
+    ngx.print(answer)
 "#;
 
 /// The pushes after a race: each must wait for its own task.
@@ -62,7 +68,7 @@ const NEXT: &str = r#"
 "#;
 const NEXT_WANT: &str = "a,b,c";
 
-/// A race: its location's Lua (after HOLD) and its answer.
+/// A race: its location, its Lua (see HOLD) and its answer.
 struct Race {
     path: &'static str,
     lua: &'static str,
@@ -74,10 +80,8 @@ const READ_TIMEOUT: Race = Race {
     path: "/read_timeout",
     lua: r#"
         local s = assert(tp.gen:push_stream("chunk"))
-        local holder = ngx.thread.spawn(hold)
         local v, err = s:read(0.1)
-        ngx.thread.wait(holder)
-        ngx.print(tostring(v), " ", err)
+        return tostring(v) .. " " .. err
     "#,
     want: "nil timeout",
 };
@@ -86,10 +90,8 @@ const READ_TIMEOUT: Race = Race {
 const PUSH_TIMEOUT: Race = Race {
     path: "/push_timeout",
     lua: r#"
-        local holder = ngx.thread.spawn(hold)
         local v, err = tp.gen:push_task_timeout(0.15, "echo", "late")
-        ngx.thread.wait(holder)
-        ngx.print(tostring(v), " ", err)
+        return tostring(v) .. " " .. err
     "#,
     want: "nil timeout",
 };
@@ -101,11 +103,9 @@ const KILL: Race = Race {
         local waiter = ngx.thread.spawn(function()
             return tp.gen:push_task("echo", "never")
         end)
-        local holder = ngx.thread.spawn(hold)
         ngx.sleep(0.15)
         assert(ngx.thread.kill(waiter))
-        ngx.print("killed")
-        ngx.thread.wait(holder)
+        return "killed"
     "#,
     want: "killed",
 };
@@ -117,7 +117,7 @@ fn case() -> Case {
     RACES
         .iter()
         .fold(Case::new(MAIN).http(HTTP), |case, race| {
-            case.lua(race.path, &format!("{HOLD}\n{}", race.lua))
+            case.lua(race.path, &HOLD.replace("RACE", race.lua))
         })
         .lua("/next", NEXT)
 }
