@@ -170,20 +170,21 @@ impl Sema {
         self.count() < 0
     }
 
-    /// Takes back the resources of posts no one consumed, when no
-    /// coroutine waits on it. A post stays a resource when its waiter
-    /// stops waiting before the posted event that would resume it runs:
-    /// its light thread killed, or its timeout expired in the same turn
-    /// of the event loop (nginx runs expired timers before posted
-    /// events). lua-nginx-module's post adds `n` to the resources and
-    /// posts its event only for a waiting coroutine, so with none a post
-    /// of -n takes n back (lua-resty-core's Lua wrapper refuses n < 1;
-    /// the C function does not check).
+    /// Takes back the resources of posts no one consumed; for a
+    /// semaphore no coroutine waits on (a free task record's). A post
+    /// stays a resource when its waiter stops waiting before the posted
+    /// event that would resume it runs: its light thread killed, or its
+    /// timeout expired in the same turn of the event loop (nginx runs
+    /// expired timers before posted events). lua-nginx-module's post
+    /// adds `n` to the resources and posts its event only for a waiting
+    /// coroutine, so with none a post of -n takes n back (lua-resty-core's
+    /// Lua wrapper refuses n < 1; the C function does not check).
     pub fn take_back(&self) {
         let left = self.count();
         if left > 0 {
-            // SAFETY: self is a live semaphore; event-loop thread; no
-            // coroutine waits on it (count > 0), so no event is posted.
+            // SAFETY: self is a live semaphore; event-loop thread. With no
+            // coroutine waiting (see above), the post only lowers the
+            // resources: no event is posted.
             unsafe { (lua_module().sema_post)(self.0.as_ptr(), -left) };
         }
     }

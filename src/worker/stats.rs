@@ -338,22 +338,20 @@ impl PoolStats {
         if estimate == 0 || wait == 0 {
             return true;
         }
-        let limit = self.wait_limit_us().unwrap_or(u64::MAX);
+        let limit = self.wait_limit_us(estimate).unwrap_or(u64::MAX);
         wait <= limit && wait.saturating_add(estimate) <= timeout_us
     }
 
     /// The longest wait admitted while the queue stands (None while it
-    /// does not): one run of the threads, at least STANDING_TARGET. The
+    /// does not): one run of the threads (`estimate`, the run estimate the
+    /// caller read), at least STANDING_TARGET. The
     /// threads then always have a task ready as they finish one, and an
     /// admitted task answers within about two runs of its push, however
     /// far its deadline: the rest of the deadline is left for what the
     /// pool cannot see (the request's time before the push, on a busy
     /// host its wait to be accepted, and the way back).
-    fn wait_limit_us(&self) -> Option<u64> {
-        (self.standing.load(Relaxed) != 0).then(|| {
-            let target = STANDING_TARGET.as_micros() as u64;
-            self.run_estimate_us.load(Relaxed).max(target)
-        })
+    fn wait_limit_us(&self, estimate: u64) -> Option<u64> {
+        (self.standing.load(Relaxed) != 0).then(|| estimate.max(STANDING_TARGET.as_micros() as u64))
     }
 
     /// A pool thread took a task (or a claim of a batch's) that waited
@@ -460,10 +458,11 @@ impl PoolStats {
         self.wait.write(out);
         self.run.write(out);
         out.extend(self.shadow_counters().map(|c| c.load(Relaxed)));
+        let estimate = self.run_estimate_us.load(Relaxed);
         out.extend([
             self.expected_wait_us(1),
-            self.run_estimate_us.load(Relaxed),
-            self.wait_limit_us().unwrap_or(0),
+            estimate,
+            self.wait_limit_us(estimate).unwrap_or(0),
         ]);
         out.extend(self.stream_counters().map(|c| c.load(Relaxed)));
     }
@@ -577,6 +576,11 @@ mod tests {
         assert!(!s.admits(1, 299_999));
     }
 
+    /// The wait limit admission would read now.
+    fn limit(s: &PoolStats) -> Option<u64> {
+        s.wait_limit_us(s.run_estimate_us.load(Relaxed))
+    }
+
     /// The queue stands once every task taken for an interval waited at
     /// least the target, and stops once every task taken for an interval
     /// waited less; while it stands, admission holds the wait to one run.
@@ -592,23 +596,23 @@ mod tests {
         assert!(s.admits(1, 10_000_000));
         s.took(ms(5), ms(1000));
         s.took(ms(50), ms(1099));
-        assert_eq!(s.wait_limit_us(), None, "not a whole interval yet");
+        assert_eq!(limit(&s), None, "not a whole interval yet");
         s.took(ms(50), ms(1100));
-        assert_eq!(s.wait_limit_us(), Some(30_000));
+        assert_eq!(limit(&s), Some(30_000));
         assert!(!s.admits(1, 10_000_000));
         s.admitted.store(0, Relaxed);
         assert!(s.admits(1, 10_000_000), "one run ahead");
         s.run_estimate_us.store(1000, Relaxed);
-        assert_eq!(s.wait_limit_us(), Some(5000), "at least the target");
+        assert_eq!(limit(&s), Some(5000), "at least the target");
         s.took(ms(4), ms(1200));
         s.took(ms(50), ms(1250));
         s.took(ms(4), ms(1260));
         s.took(ms(4), ms(1359));
-        assert_eq!(s.wait_limit_us(), Some(5000), "a task waited again");
+        assert_eq!(limit(&s), Some(5000), "a task waited again");
         s.took(ms(4), ms(1360));
-        assert_eq!(s.wait_limit_us(), None, "an interval of short waits");
+        assert_eq!(limit(&s), None, "an interval of short waits");
         s.took(ms(50), ms(1400));
-        assert_eq!(s.wait_limit_us(), None, "a new interval");
+        assert_eq!(limit(&s), None, "a new interval");
     }
 
     /// A queued task is late once its deadline passed, or, with tasks
