@@ -52,7 +52,7 @@ pub const BAD_CONTEXT: c_int = -101;
 
 /// What init_worker_by_lua gets from a pool (`not_started` in the module
 /// table, for the shim's stats); where a push may wait is `yieldable`
-/// (YIELDABLE_NAMES, for the shim's error elsewhere).
+/// (`ngx::lua::waitable_names`, for the shim's error elsewhere).
 pub(super) const NOT_STARTED: &str =
     "thread pools start after init_worker_by_lua: reach them from ngx.timer.at(0, ...)";
 

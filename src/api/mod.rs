@@ -7,7 +7,7 @@ pub mod functions;
 pub mod status;
 pub mod streams;
 
-use crate::ngx::lua::YIELDABLE_NAMES;
+use crate::ngx::lua::waitable_names;
 use functions::*;
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
@@ -59,7 +59,8 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         lua::lua_setfield(l, module, c"version".as_ptr());
         lua::lua_pushlstring_(l, NOT_STARTED.as_ptr().cast(), NOT_STARTED.len());
         lua::lua_setfield(l, module, c"not_started".as_ptr());
-        lua::lua_pushlstring_(l, YIELDABLE_NAMES.as_ptr().cast(), YIELDABLE_NAMES.len());
+        let names = waitable_names();
+        lua::lua_pushlstring_(l, names.as_ptr().cast(), names.len());
         lua::lua_setfield(l, module, c"yieldable".as_ptr());
         lua::lua_settop(l, module);
     }

@@ -38,10 +38,11 @@ pub unsafe fn request_of(l: *mut lua::lua_State) -> *mut sys::ngx_http_request_t
 }
 
 /// lua-nginx-module's context bits, as `ngx_http_lua_ffi_get_phase` returns
-/// them: its NGX_HTTP_LUA_CONTEXT_* macros of src/ngx_http_lua_common.h,
-/// the same values in every release from 0.10.23 to 0.10.28. (No header of
-/// the lua module is installed for bindgen to read: Debian ships its
-/// `.so` only.)
+/// them: its NGX_HTTP_LUA_CONTEXT_* macros of src/ngx_http_lua_common.h.
+/// A bit keeps its value in every release from 0.10.23 to 0.10.32; 0.10.29
+/// widened the field that holds them to 32 bits and added bits above
+/// 0x8000, 0.10.31 the precontent phase. (No header of the lua module is
+/// installed for bindgen to read: Debian ships its `.so` only.)
 mod contexts {
     use std::ffi::c_int;
     pub const REWRITE: c_int = 0x0002;
@@ -51,25 +52,60 @@ mod contexts {
     pub const INIT_WORKER: c_int = 0x0100;
     pub const SSL_CERT: c_int = 0x0400;
     pub const SERVER_REWRITE: c_int = 0x8000;
+    pub const PRECONTENT: c_int = 0x0002_0000;
 }
 
-/// lua-nginx-module's contexts (NGX_HTTP_LUA_CONTEXT_*) whose coroutines
-/// may wait here: rewrite, server_rewrite, access, content, timer and
-/// ssl_cert. Of the others where it lets them wait on its semaphores or in
-/// run_worker_thread (its NGX_HTTP_LUA_CONTEXT_YIELDABLE), Debian's nginx
-/// and OpenSSL cannot resume a handshake paused in ssl_client_hello
+/// A context whose coroutines may wait here: its bit, its name in the
+/// shim's error, and the first lua-nginx-module release that has it.
+struct Waitable {
+    bit: c_int,
+    name: &'static str,
+    since: i64,
+}
+
+impl Waitable {
+    const fn new(bit: c_int, name: &'static str, since: i64) -> Waitable {
+        Waitable { bit, name, since }
+    }
+}
+
+/// lua-nginx-module's contexts whose coroutines may wait here, in the
+/// order the shim's error names them. Of the others where it lets them
+/// wait on its semaphores (its NGX_HTTP_LUA_CONTEXT_YIELDABLE), Debian's
+/// nginx and OpenSSL cannot resume a handshake paused in ssl_client_hello
 /// (nginx fails it) or ssl_session_fetch (the lua module logs "missing
-/// async sess get cb support in OpenSSL"): ngx.sleep there fails alike,
-/// so a push there is refused with an error naming the context.
-const YIELDABLE: c_int = contexts::REWRITE
-    | contexts::SERVER_REWRITE
-    | contexts::ACCESS
-    | contexts::CONTENT
-    | contexts::TIMER
-    | contexts::SSL_CERT;
-/// The contexts of YIELDABLE as the shim's error lists them.
-pub const YIELDABLE_NAMES: &str =
-    "rewrite, server_rewrite, access, content, timer or ssl_certificate";
+/// async sess get cb support in OpenSSL"), and proxy_ssl_certificate and
+/// proxy_ssl_verify (0.10.29 on) pause an upstream's handshake, which only
+/// OpenResty's nginx patches resume and no test here covers: a push there
+/// is refused with an error naming the context.
+const WAITABLE: [Waitable; 7] = [
+    Waitable::new(contexts::REWRITE, "rewrite", 0),
+    Waitable::new(contexts::SERVER_REWRITE, "server_rewrite", 0),
+    Waitable::new(contexts::ACCESS, "access", 0),
+    Waitable::new(contexts::PRECONTENT, "precontent", 10_031),
+    Waitable::new(contexts::CONTENT, "content", 0),
+    Waitable::new(contexts::TIMER, "timer", 0),
+    Waitable::new(contexts::SSL_CERT, "ssl_certificate", 0),
+];
+
+/// The contexts of WAITABLE that lua-nginx-module `release` (10031 for
+/// 0.10.31) has.
+fn waitable_in(release: i64) -> impl Iterator<Item = &'static Waitable> {
+    WAITABLE.iter().filter(move |w| w.since <= release)
+}
+
+/// The contexts where a push may wait, as the shim's error lists them for
+/// the lua module loaded: "rewrite, server_rewrite, ... or ssl_certificate".
+pub fn waitable_names() -> String {
+    names_in(lua_module().version)
+}
+
+fn names_in(release: i64) -> String {
+    let names: Vec<_> = waitable_in(release).map(|w| w.name).collect();
+    let (last, rest) = names.split_last().expect("WAITABLE is not empty");
+    format!("{} or {last}", rest.join(", "))
+}
+
 /// Why a push that would wait where its coroutine cannot yield is refused.
 pub const NOT_YIELDABLE: &str = "cannot wait here: called from a function that a C function \
      called (a table.sort comparator, a string.gsub callback, a finalizer)";
@@ -114,7 +150,7 @@ pub unsafe fn may_yield(r: *mut sys::ngx_http_request_t) -> bool {
     // SAFETY: r is the request of the running Lua handler, or null (the
     // contract), as context takes it.
     let context = unsafe { context(r) };
-    context > 0 && context & YIELDABLE != 0
+    context > 0 && waitable_in(lua_module().version).any(|w| context & w.bit != 0)
 }
 
 /// Whether `r` is the request init_worker_by_lua runs in: before this
@@ -337,5 +373,21 @@ impl MainVm {
             lua::lua_settop(l, top);
             out
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_in;
+
+    #[test]
+    fn precontent_is_a_waitable_context_from_0_10_31_on() {
+        let before = "rewrite, server_rewrite, access, content, timer or ssl_certificate";
+        assert_eq!(names_in(10_023), before);
+        assert_eq!(names_in(10_029), before);
+        assert_eq!(
+            names_in(10_031),
+            "rewrite, server_rewrite, access, precontent, content, timer or ssl_certificate"
+        );
     }
 }
