@@ -12,10 +12,10 @@ DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
 	imagemagick python3-prometheus-client dpkg-dev binutils lua-check \
 	$(or $(DEB_PACKAGES_$(RELEASE)),$(error make deps knows Debian 12 (bookworm) and 13 (trixie); this is "$(RELEASE)"))
 # cargo's output: target/, or CARGO_TARGET_DIR (matrix/chroot.sh sets it per
-# release, so that each release's build and package stay apart).
-TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+# release, so that each release's build and package stay apart). Absolute:
+# nginx resolves a relative load_module path against its prefix.
+TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
-RUN_DIR := $(CURDIR)/target/run
 # As root, nginx would run its workers as nobody, who may not read a
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
@@ -91,28 +91,38 @@ lint: deps
 	luacheck --no-color $(LUA_SOURCES)
 	/usr/bin/python3 -B docs/check.py
 
-# nginx in the foreground on 127.0.0.1:8080 with nginx-conf/demo.conf.
+# nginx in the foreground on 127.0.0.1:RUN_PORT with nginx-conf/demo.conf,
+# under the prefix RUN_DIR. NGINX is the nginx to run (NGX_TP_NGINX, as the
+# tests take it, else the one on PATH); where the lua module is compiled
+# into it (OpenResty's shape), the demo loads no lua module of its own.
+RUN_DIR ?= $(CURDIR)/target/run
+RUN_PORT ?= 8080
+NGINX ?= $(or $(NGX_TP_NGINX),nginx)
+RUN_LUA_MODULES = $(shell $(NGINX) -V 2>&1 | grep -q -- '--add-module=[^ ]*lua-nginx-module' || \
+	echo 'load_module /usr/lib/nginx/modules/ndk_http_module.so; load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;')
+URL = http://127.0.0.1:$(RUN_PORT)
 run: build images
 	cargo build --release -p waf-rust
 	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs $(RUN_DIR)/html
 	@cp nginx-conf/thumbs.html $(RUN_DIR)/html/
 	@sed -e 's#@MODULE@#$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
-		-e "s#@USER@#$(RUN_USER)#g" \
+		-e 's#@TARGET@#$(TARGET_DIR)#g' -e 's#@PORT@#$(RUN_PORT)#g' \
+		-e "s#@USER@#$(RUN_USER)#g" -e 's#@LUA_MODULES@#$(RUN_LUA_MODULES)#' \
 		nginx-conf/demo.conf > $(RUN_DIR)/conf/nginx.conf
 	@cp nginx-conf/*.lua $(RUN_DIR)/conf/ 2>/dev/null || true
-	@echo "ngx_threadpool demo on http://127.0.0.1:8080/ (Ctrl-C stops it)"
-	@echo "  curl http://127.0.0.1:8080/static            a static page"
-	@echo "  curl 'http://127.0.0.1:8080/upper?s=foo'      FOO, from a pool thread"
-	@echo "  curl 'http://127.0.0.1:8080/sort?n=200000'    a CPU-heavy sort, offloaded"
-	@echo "  curl 'http://127.0.0.1:8080/sort-inline?n=200000'  the same sort on the event loop"
-	@echo "  curl \"http://127.0.0.1:8080/waf/?q=1'%20OR%20'1'='1\"  403 from the WAF in a pool thread"
-	@echo "  curl \"http://127.0.0.1:8080/waf-inline/?q=hello\"    the WAF on the event loop"
-	@echo "  curl \"http://127.0.0.1:8080/waf-rust/?q=<script>\"   the same rules in Rust (and /metrics: the shadow's counts)"
-	@echo "  http://127.0.0.1:8080/thumbs.html            thumbnails by ImageMagick in a pool thread and inline"
-	@echo "  curl -so /dev/null -w '%{time_starttransfer} %{time_total}\\n' 'http://127.0.0.1:8080/gzip?mb=64'"
+	@echo "ngx_threadpool demo on $(URL)/ (Ctrl-C stops it)"
+	@echo "  curl $(URL)/static            a static page"
+	@echo "  curl '$(URL)/upper?s=foo'      FOO, from a pool thread"
+	@echo "  curl '$(URL)/sort?n=200000'    a CPU-heavy sort, offloaded"
+	@echo "  curl '$(URL)/sort-inline?n=200000'  the same sort on the event loop"
+	@echo "  curl \"$(URL)/waf/?q=1'%20OR%20'1'='1\"  403 from the WAF in a pool thread"
+	@echo "  curl \"$(URL)/waf-inline/?q=hello\"    the WAF on the event loop"
+	@echo "  curl \"$(URL)/waf-rust/?q=<script>\"   the same rules in Rust (and /metrics: the shadow's counts)"
+	@echo "  $(URL)/thumbs.html            thumbnails by ImageMagick in a pool thread and inline"
+	@echo "  curl -so /dev/null -w '%{time_starttransfer} %{time_total}\\n' '$(URL)/gzip?mb=64'"
 	@echo "       64 MiB gzipped in a pool thread, streamed as it is made (/gzip-whole: returned whole)"
-	@echo "  curl http://127.0.0.1:8080/metrics           the pools' and the accept gate's metrics"
-	nginx -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
+	@echo "  curl $(URL)/metrics           the pools' and the accept gate's metrics"
+	$(NGINX) -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
 
 # The thumbnail demo's images, made once by ImageMagick (no downloads):
 # three 2400x1600 originals and a 25x25 watermark. IMAGES=DIR puts them

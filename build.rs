@@ -18,6 +18,10 @@ fn main() {
         "cargo:rerun-if-changed={}",
         src.join("src/core/nginx.h").display()
     );
+    println!(
+        "cargo:rerun-if-changed={}",
+        src.join("conf_flags").display()
+    );
 
     lua_module_range();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
@@ -92,9 +96,22 @@ fn lua_module_range() {
 }
 
 /// Copies the nginx source tree and runs its configure with Debian's flags,
-/// once: the result depends only on the tree, which cargo tracks above.
+/// once per tree: the copy keeps where it came from (the path, nginx.h,
+/// the flags), and a build against another NGX_SRC or an upgraded one (in
+/// the same target directory) configures that instead of reusing the first.
 fn configure(src: &Path, tree: &Path) {
-    if tree.join("objs/ngx_auto_config.h").exists() {
+    const ORIGIN: &str = "ngx_threadpool.origin";
+    let path = fs::canonicalize(src).unwrap_or_else(|e| panic!("NGX_SRC {}: {e}", src.display()));
+    let read = |file: &str| fs::read_to_string(path.join(file)).unwrap_or_default();
+    let origin = format!(
+        "{}\n{}\n{}",
+        path.display(),
+        read("src/core/nginx.h"),
+        read("conf_flags")
+    );
+    if tree.join("objs/ngx_auto_config.h").exists()
+        && fs::read_to_string(tree.join(ORIGIN)).is_ok_and(|o| o == origin)
+    {
         return;
     }
     let _ = fs::remove_dir_all(tree);
@@ -115,6 +132,7 @@ fn configure(src: &Path, tree: &Path) {
             "{flags} >configure.log 2>&1 || {{ cat configure.log >&2; exit 1; }}"
         ))
         .current_dir(tree));
+    fs::write(tree.join(ORIGIN), origin).expect("cannot write the tree's origin");
 }
 
 /// The -I directories of the configured tree, read from objs/Makefile.
