@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{repo, Nginx};
+use common::{free_port, lua_module_lines, module_path, prefix, repo, user_line, Nginx};
 
-/// The synopsis's `http { ... }` block, without its braces.
-fn synopsis_http() -> String {
+/// The synopsis: a whole nginx.conf.
+fn synopsis() -> String {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let at = readme
         .find("## Synopsis")
@@ -15,20 +15,45 @@ fn synopsis_http() -> String {
     let open = "```nginx\n";
     let start = at + readme[at..].find(open).expect("no nginx block") + open.len();
     let end = start + readme[start..].find("```").expect("unclosed block");
-    let conf = &readme[start..end];
-    let body = conf.find("http {").expect("no http block") + "http {".len();
-    let close = conf.rfind('}').expect("http block not closed");
-    conf[body..close].to_string()
+    readme[start..end].to_string()
 }
 
 #[test]
 fn the_synopsis_configures_a_pool_and_calls_it() {
-    let http = synopsis_http();
+    let conf = synopsis();
     assert!(
-        http.contains("listen 8080;") && http.contains("FOO for /upper?s=foo"),
-        "the synopsis no longer says where it listens or what it answers:\n{http}"
+        conf.contains("listen 8080;") && conf.contains("FOO for /upper?s=foo"),
+        "the synopsis no longer says where it listens or what it answers:\n{conf}"
     );
-    let n = Nginx::start("", &http.replace("listen 8080;", "listen 127.0.0.1:$PORT;"));
+    // The file as written, but for the port, the module cargo built and,
+    // where the lua module is not Debian's dynamic one, its load lines;
+    // logs and pid under the test's prefix.
+    let module = "load_module /usr/lib/nginx/modules/ngx_http_threadpool_module.so;";
+    let lua_lines = "load_module /usr/lib/nginx/modules/ndk_http_module.so;\n\
+                     load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n";
+    assert!(
+        conf.contains(module) && conf.contains(lua_lines),
+        "the synopsis no longer loads the modules:\n{conf}"
+    );
+    let port = free_port();
+    let conf = conf
+        .replace(lua_lines, &lua_module_lines())
+        .replace(module, &format!("load_module {};", module_path().display()))
+        .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"))
+        .replace(
+            "events {}",
+            "events {}\nerror_log logs/error.log info;\npid logs/nginx.pid;",
+        )
+        .replace(
+            "http {",
+            &format!(
+                "http {{\n    access_log off;\n    lua_package_path \"{}/lua/?.lua;;\";",
+                repo().display()
+            ),
+        );
+    let dir = prefix("readme");
+    std::fs::write(dir.join("conf/nginx.conf"), conf).unwrap();
+    let n = Nginx::start_prefix(dir, port, &["-g", &format!("daemon off; {}", user_line())]);
     let r = n.get("/upper?s=foo");
     assert_eq!((r.status, r.text().as_str()), (200, "FOO\n"));
     // no [error] or worse: a newcomer's first log stays clean

@@ -102,7 +102,7 @@ pub fn free_port() -> u16 {
 /// As root, nginx switches its workers to `nobody`, who may not read a
 /// checkout in a private directory (mktemp -d makes it 0700): the workers
 /// then keep the tests' user.
-fn user_line() -> &'static str {
+pub fn user_line() -> &'static str {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata("/proc/self") {
         Ok(m) if m.uid() == 0 => "user root;",
