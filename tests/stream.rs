@@ -210,10 +210,15 @@ const HTTP: &str = r#"
             content_by_lua_block {
                 local pool = require("resty.threadpool")[ngx.var.arg_pool]
                 local ok, err = pool:push_task("misuse", 1)
-                local bad = pcall(pool.push_stream_opts, pool, { chunks = 0.5 }, "plain", 1, 2)
+                local bad = {}
+                for _, chunks in ipairs({ 0.5, 0, -1, 65537 }) do
+                    local ok = pcall(pool.push_stream_opts, pool, { chunks = chunks }, "plain", 1, 2)
+                    bad[#bad + 1] = tostring(ok)
+                end
+                bad = table.concat(bad, ",")
                 local s = assert(pool:push_stream("badchunk"))
                 local v, serr = s:read()
-                ngx.say(tostring(ok), " ", err, " | ", tostring(bad), " | ",
+                ngx.say(tostring(ok), " ", err, " | ", bad, " | ",
                         tostring(v), " ", serr, " ", tostring(s.done))
             }
         }
@@ -412,7 +417,8 @@ fn an_error_after_chunks_comes_after_them(pool: &str) {
 /// A handler that sends nothing: its first read gives its results, as
 /// push_task would; the stream is then done. Misuse: send outside a
 /// stream's handler fails; a value that cannot cross is refused by the
-/// send, not the stream; bad options raise.
+/// send, not the stream; bad options raise (`chunks` 0 too, which the
+/// C function takes for the pool's bound).
 fn a_stream_without_chunks_is_a_task(pool: &str) {
     let n = start();
     assert_eq!(
@@ -431,7 +437,7 @@ fn a_stream_without_chunks_is_a_task(pool: &str) {
     };
     let text = n.get(&format!("/misuse?pool={pool}")).text();
     assert!(
-        text.starts_with(&format!("false {no_stream} | false | nil ")),
+        text.starts_with(&format!("false {no_stream} | false,false,false,false | nil ")),
         "{text}"
     );
     assert!(

@@ -285,9 +285,14 @@ function Pool.push_stream_opts(self, opts, ...)
     if type(opts) ~= "table" then
         error("bad opts: expected a table", 2)
     end
-    local chunks = opts.chunks or 0
-    if chunks ~= 0 and (type(chunks) ~= "number" or chunks ~= floor(chunks)
-                        or chunks < 1 or chunks > MAX_CHUNKS) then
+    -- 0 is the C function's "the pool's bound", which an absent
+    -- opts.chunks gives; written out, it is refused as the directive
+    -- refuses it.
+    local chunks = opts.chunks
+    if chunks == nil then
+        chunks = 0
+    elseif type(chunks) ~= "number" or chunks ~= floor(chunks)
+           or chunks < 1 or chunks > MAX_CHUNKS then
         error("bad opts.chunks: expected a whole number from 1 to "
               .. MAX_CHUNKS, 2)
     end
