@@ -437,7 +437,9 @@ fn a_stream_without_chunks_is_a_task(pool: &str) {
     };
     let text = n.get(&format!("/misuse?pool={pool}")).text();
     assert!(
-        text.starts_with(&format!("false {no_stream} | false,false,false,false | nil ")),
+        text.starts_with(&format!(
+            "false {no_stream} | false,false,false,false | nil "
+        )),
         "{text}"
     );
     assert!(
