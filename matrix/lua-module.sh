@@ -55,7 +55,7 @@ case $version in
 esac
 lua_tar=$upstream/lua-nginx-module/lua-nginx-module-$version.tar.gz
 resty_tar=$upstream/$resty
-for f in "$lua_tar" "$resty_tar" $resty_patch; do
+for f in "$lua_tar" "$resty_tar" ${resty_patch:+"$resty_patch"}; do
     [ -r "$f" ] || { echo "lua-module.sh: $f missing (NGX_TP_UPSTREAM=$upstream)" >&2; exit 1; }
 done
 for d in "$nginx_src/conf_flags" "$ndk_src/config"; do
@@ -64,7 +64,7 @@ done
 
 # What the build is made of: a change to this script or a patch makes it
 # again.
-stamp=$(cat "$0" $resty_patch | sha256sum | cut -d' ' -f1)
+stamp=$(cat "$0" ${resty_patch:+"$resty_patch"} | sha256sum | cut -d' ' -f1)
 out=$cache/$version
 mkdir -p "$cache"
 exec 9>"$cache/$version.lock"
