@@ -73,9 +73,13 @@ LUA_RELEASES := 0.10.24 0.10.25 0.10.26 0.10.27 0.10.29 0.10.31 0.10.32rc2
 # them: the README synopsis (readme); push_task, push_tasks, post_task and
 # push_stream (basic, batch, post, stream); requests ending under their
 # tasks (lifetime, cancel); reload and quit (lifecycle); every phase and
-# context a push is made from, or refused in (phases). The whole suite
-# would take ~6 minutes a release.
-LUA_RELEASE_TESTS := readme basic batch post stream lifetime cancel lifecycle phases
+# context a push is made from, or refused in (phases). Then, a few seconds
+# more, where releases differ most for pool threads: the release's
+# lua-resty-core required in them (require), the ngx API and ngx.re there
+# as on the event loop (parity_api, parity_re: PCRE 8 up to 0.10.25, PCRE2
+# after). ~1 minute a release; the whole suite would take 3-6.
+LUA_RELEASE_TESTS := readme basic batch post stream lifetime cancel lifecycle phases \
+	require parity_api parity_re
 # PCRE 8's headers (0.10.24 and 0.10.25 use its API) and ngx_devel_kit's.
 LUA_RELEASE_PACKAGES := libpcre3-dev libnginx-mod-http-ndk-dev
 # The test binaries are make test's (the same nginx tree and target/): only

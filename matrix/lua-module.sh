@@ -37,12 +37,16 @@ version=$1
 
 # The lua-resty-core of each release (each accepts exactly one
 # lua-nginx-module version: lib/resty/core/base.lua), and the patch that
-# makes a stand-in accept it where no release exists (see each patch).
-resty_patch=
+# makes a stand-in accept it where no release exists; a release's own
+# patch where it has a bug that crashes nginx whatever loads it, and
+# upstream fixed (see each patch).
+resty_patch='' lua_patch=''
 case $version in
     0.10.24) resty=lua-resty-core/lua-resty-core-0.1.26.tar.gz ;;
     0.10.25) resty=lua-resty-core/lua-resty-core-0.1.27.tar.gz ;;
-    0.10.26) resty=lua-resty-core/lua-resty-core-0.1.28.tar.gz ;;
+    0.10.26)
+        resty=lua-resty-core/lua-resty-core-0.1.28.tar.gz
+        lua_patch=$repo/matrix/patches/lua-nginx-module-0.10.26-pcre2-dfa-captures.patch ;;
     0.10.27) resty=lua-resty-core/lua-resty-core-0.1.30.tar.gz ;;
     0.10.29) resty=lua-resty-core/lua-resty-core-0.1.32.tar.gz ;;
     0.10.31)
@@ -55,7 +59,8 @@ case $version in
 esac
 lua_tar=$upstream/lua-nginx-module/lua-nginx-module-$version.tar.gz
 resty_tar=$upstream/$resty
-for f in "$lua_tar" "$resty_tar" ${resty_patch:+"$resty_patch"}; do
+patches=(${resty_patch:+"$resty_patch"} ${lua_patch:+"$lua_patch"})
+for f in "$lua_tar" "$resty_tar" "${patches[@]}"; do
     [ -r "$f" ] || { echo "lua-module.sh: $f missing (NGX_TP_UPSTREAM=$upstream)" >&2; exit 1; }
 done
 for d in "$nginx_src/conf_flags" "$ndk_src/config"; do
@@ -64,7 +69,7 @@ done
 
 # What the build is made of: a change to this script or a patch makes it
 # again.
-stamp=$(cat "$0" ${resty_patch:+"$resty_patch"} | sha256sum | cut -d' ' -f1)
+stamp=$(cat "$0" "${patches[@]}" | sha256sum | cut -d' ' -f1)
 out=$cache/$version
 mkdir -p "$cache"
 exec 9>"$cache/$version.lock"
@@ -89,6 +94,9 @@ lua_dir=$PWD/lua-nginx-module-$version
 resty_dir=$(echo "$PWD"/lua-resty-core-*/)
 if [ -n "$resty_patch" ]; then
     patch -d "$resty_dir" -p1 < "$resty_patch" >> "$log" 2>&1 || fail "patching lua-resty-core"
+fi
+if [ -n "$lua_patch" ]; then
+    patch -d "$lua_dir" -p1 < "$lua_patch" >> "$log" 2>&1 || fail "patching lua-nginx-module"
 fi
 make -C "$resty_dir" install LUA_LIB_DIR="$new/lualib" >> "$log" 2>&1 || fail "installing lua-resty-core"
 
