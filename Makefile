@@ -20,7 +20,7 @@ MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test test-stress test-trixie test-static test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test test-stress test-trixie test-static test-lua-releases test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -64,6 +64,40 @@ test-static:
 	matrix/chroot.sh 'make deps DEB_PACKAGES="$(STATIC_NGINX_PACKAGES)" && \
 		nginx=$$(matrix/static-nginx.sh) && NGX_TP_NGINX=$$nginx \
 		NGX_SRC=$${nginx%/sbin/nginx}/src CARGO_TARGET_DIR=$$PWD/target/static make test'
+# The other lua-nginx-module releases of the supported range (Cargo.toml's
+# package.metadata.lua-nginx-module): each built by matrix/lua-module.sh as
+# a dynamic module for Debian 12's nginx, with its own lua-resty-core, and
+# kept under /var/cache/ngx-threadpool/lua-module (~1 minute each, cold).
+LUA_RELEASES := 0.10.24 0.10.25 0.10.26 0.10.27 0.10.29 0.10.31 0.10.32rc2
+# The foundation part of the suite, run against Debian's nginx with each of
+# them: the README synopsis (readme); push_task, push_tasks, post_task and
+# push_stream (basic, batch, post, stream); requests ending under their
+# tasks (lifetime, cancel); reload and quit (lifecycle); every phase and
+# context a push is made from, or refused in (phases). Then, a few seconds
+# more, where releases differ most for pool threads: the release's
+# lua-resty-core required in them (require), the ngx API and ngx.re there
+# as on the event loop (parity_api, parity_re: PCRE 8 up to 0.10.25, PCRE2
+# after). ~1 minute a release; the whole suite would take 3-6.
+LUA_RELEASE_TESTS := readme basic batch post stream lifetime cancel lifecycle phases \
+	require parity_api parity_re
+# PCRE 8's headers (0.10.24 and 0.10.25 use its API) and ngx_devel_kit's.
+LUA_RELEASE_PACKAGES := libpcre3-dev libnginx-mod-http-ndk-dev
+# The test binaries are make test's (the same nginx tree and target/): only
+# the lua module loaded changes (NGX_TP_LUA_MODULE). Every release runs;
+# the failed ones are named at the end.
+test-lua-releases: build
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(LUA_RELEASE_PACKAGES)"
+	cargo test --release --no-run $(addprefix --test ,$(LUA_RELEASE_TESTS))
+	@failed=; for v in $(LUA_RELEASES); do \
+		start=$$(date +%s); \
+		if so=$$(matrix/lua-module.sh $$v); then \
+			built=$$(date +%s); echo "lua-nginx-module $$v: $$so ($$((built - start)) s)"; \
+			NGX_TP_LUA_MODULE=$$so cargo test --release --no-fail-fast $(addprefix --test ,$(LUA_RELEASE_TESTS)) \
+				-- --test-threads=2 || failed="$$failed $$v"; \
+			echo "lua-nginx-module $$v: tests $$(($$(date +%s) - built)) s"; \
+		else failed="$$failed $$v (build)"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-lua-releases failed on:$$failed" >&2; exit 1; fi
 # All three, one after the other (.ci/run).
 test-matrix: test test-trixie test-static
 

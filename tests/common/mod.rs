@@ -35,14 +35,28 @@ pub fn lua_built_in() -> bool {
     })
 }
 
+/// The dynamic lua module under test: `NGX_TP_LUA_MODULE` when set (`make
+/// test-lua-releases` points it at a release that matrix/lua-module.sh
+/// built for this nginx), else Debian's.
+pub fn lua_module_path() -> &'static str {
+    static LUA: OnceLock<String> = OnceLock::new();
+    LUA.get_or_init(|| {
+        std::env::var("NGX_TP_LUA_MODULE")
+            .unwrap_or_else(|_| format!("{MODULES}/ngx_http_lua_module.so"))
+    })
+}
+
 /// The lines that load ngx_devel_kit and lua-nginx-module before this
-/// module: none when the lua module is built in.
+/// module: none when the lua module is built in. ngx_devel_kit is always
+/// Debian's: matrix/lua-module.sh builds each release against its headers
+/// (libnginx-mod-http-ndk-dev), as Debian builds its own lua module.
 pub fn lua_module_lines() -> String {
     if lua_built_in() {
         String::new()
     } else {
         format!(
-            "load_module {MODULES}/ndk_http_module.so;\nload_module {MODULES}/ngx_http_lua_module.so;\n"
+            "load_module {MODULES}/ndk_http_module.so;\nload_module {};\n",
+            lua_module_path()
         )
     }
 }
