@@ -20,7 +20,7 @@ RUN_DIR := $(CURDIR)/target/run
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test test-stress test-trixie test-static test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test test-stress test-trixie test-static test-openresty test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -64,6 +64,17 @@ test-static:
 	matrix/chroot.sh 'make deps DEB_PACKAGES="$(STATIC_NGINX_PACKAGES)" && \
 		nginx=$$(matrix/static-nginx.sh) && NGX_TP_NGINX=$$nginx \
 		NGX_SRC=$${nginx%/sbin/nginx}/src CARGO_TARGET_DIR=$$PWD/target/static make test'
+# OpenResty 1.31.1.1's nginx as OpenResty builds it (lua-nginx-module
+# 0.10.31rc5 and ngx_devel_kit compiled in, its own LuaJIT and lualib), from
+# the source tarballs in NGX_TP_UPSTREAM (default ../shared/upstream) alone,
+# natively (matrix/openresty.sh, kept under /var/cache/ngx-threadpool). The
+# module is built against that nginx's own patched tree and `nginx -V`
+# flags, as OpenResty's users build it; the whole suite runs against it.
+OPENRESTY_PACKAGES := libpcre2-dev zlib1g-dev libssl-dev patch xz-utils
+test-openresty:
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(OPENRESTY_PACKAGES)"
+	nginx=$$(matrix/openresty.sh) && NGX_TP_NGINX=$$nginx \
+		NGX_SRC=$${nginx%/sbin/nginx}/src CARGO_TARGET_DIR=$$PWD/target/openresty $(MAKE) test
 # All three, one after the other (.ci/run).
 test-matrix: test test-trixie test-static
 
