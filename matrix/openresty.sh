@@ -10,9 +10,10 @@
 # compiled into the lua module (LUA_DEFAULT_PATH) as OpenResty does: `;;`
 # in a lua_package_path means DIR's lualib, not /usr/share/lua/5.1.
 #
-# Kept under NGX_TP_OPENRESTY_CACHE, keyed by the sources' sha256s (and
-# this script's): a build of the same sources is reused, a build that did
-# not finish is made again, and concurrent runs wait for each other (flock).
+# Kept under NGX_TP_OPENRESTY_CACHE, keyed by the sources' sha256s and the
+# recipe's number below (raise it when the build changes): a build of the
+# same sources and recipe is reused, a build that did not finish is made
+# again, and concurrent runs wait for each other (flock).
 # Prints the nginx binary's path, DIR/sbin/nginx; DIR/src is the pristine
 # patched nginx tree with a conf_flags file holding the binary's `nginx -V`
 # configure arguments, as an OpenResty user builds the module against
@@ -21,8 +22,8 @@
 # One LuaJIT per worker: the module's Rust side links Debian's
 # libluajit-5.1.so.2 by its soname, and this nginx's rpath makes the
 # dynamic loader find that soname in DIR/luajit/lib first, so a worker
-# maps OpenResty's LuaJIT only (/proc/PID/maps; tests/layout.rs checks it
-# where the lua module is compiled in).
+# maps OpenResty's LuaJIT only (its /proc/PID/maps; tests/require.rs,
+# one_luajit_per_worker_and_the_lua_modules_own_resty_core, checks it).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,7 +39,8 @@ cache=${NGX_TP_OPENRESTY_CACHE:-/var/cache/ngx-threadpool/openresty}
     echo "openresty.sh: $sources does not match its SHA256SUMS" >&2
     exit 1
 }
-key=1.31.1.1-$(cat "$sources/SHA256SUMS" "$0" | sha256sum | cut -c1-16)
+recipe=1
+key=1.31.1.1-r$recipe-$(sha256sum < "$sources/SHA256SUMS" | cut -c1-16)
 out=$cache/$key
 
 mkdir -p "$cache"

@@ -93,9 +93,9 @@ fn push_task_waits_in_server_rewrite_and_ssl_certificate() {
         .replace("$SLEEP_PORT", &free_port().to_string());
     let n = Nginx::start_with(1, MAIN, &http, &[("cert.pem", CERT), ("key.pem", KEY)]);
     if n.get("/sleep").status != 200 {
-        // nginx built from its own tarball (make test-static) lacks the
-        // patch Debian's and OpenResty's nginx carry that lets a
-        // certificate callback pause: the push fails the handshake as
+        // an nginx built from its own tarball lacks the patch Debian's
+        // and OpenResty's nginx carry that lets a certificate callback
+        // pause: the push fails the handshake as
         // ngx.sleep does, and nothing else
         eprintln!(
             "{}: ngx.sleep fails in ssl_certificate_by_lua",
