@@ -64,7 +64,7 @@ test-trixie:
 # flags, as OpenResty's users build it; the whole suite runs against it.
 OPENRESTY_PACKAGES := libpcre2-dev zlib1g-dev libssl-dev patch xz-utils
 test-openresty:
-	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(OPENRESTY_PACKAGES)"
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(DEB_PACKAGES) $(OPENRESTY_PACKAGES)"
 	nginx=$$(matrix/openresty.sh) && NGX_TP_NGINX=$$nginx \
 		NGX_SRC=$${nginx%/sbin/nginx}/src CARGO_TARGET_DIR=$$PWD/target/openresty $(MAKE) test
 # All three, one after the other (.ci/run).

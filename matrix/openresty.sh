@@ -39,7 +39,7 @@ cache=${NGX_TP_OPENRESTY_CACHE:-/var/cache/ngx-threadpool/openresty}
     echo "openresty.sh: $sources does not match its SHA256SUMS" >&2
     exit 1
 }
-recipe=1
+recipe=2
 key=1.31.1.1-r$recipe-$(sha256sum < "$sources/SHA256SUMS" | cut -c1-16)
 out=$cache/$key
 
@@ -86,6 +86,13 @@ log "lua-resty-core's install" core-install.log make install LUA_LIB_DIR="$out/l
 cd "$work/lua-resty-lrucache-0.15"
 log "lua-resty-lrucache's install" lrucache-install.log make install LUA_LIB_DIR="$out/lualib"
 mkdir -p "$out/site/lualib"
+# OpenResty's lualib has cjson.so (its lua-cjson fork), which the suite's
+# configurations require; its source is not among the tarballs, so Debian's
+# lua-cjson (make deps installs it; built for the Lua 5.1 C API, it links
+# no Lua library and calls the LuaJIT of the process) stands in for it.
+cjson=$(dpkg-query -L lua-cjson 2>/dev/null | grep '/lua/5\.1/cjson\.so$' | head -1 || true)
+[ -n "$cjson" ] || { echo "openresty.sh: no cjson.so of Debian's lua-cjson (make deps)" >&2; exit 1; }
+install -m 0644 "$cjson" "$out/lualib/cjson.so"
 
 # The lua module's default package paths, appended to its config exactly
 # as util/configure does (with DIR for /usr/local/openresty).
