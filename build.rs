@@ -18,6 +18,12 @@ fn main() {
         "cargo:rerun-if-changed={}",
         src.join("src/core/nginx.h").display()
     );
+    if src.join("conf_flags").exists() {
+        println!(
+            "cargo:rerun-if-changed={}",
+            src.join("conf_flags").display()
+        );
+    }
 
     lua_module_range();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
@@ -92,9 +98,20 @@ fn lua_module_range() {
 }
 
 /// Copies the nginx source tree and runs its configure with Debian's flags,
-/// once: the result depends only on the tree, which cargo tracks above.
+/// once per tree: the copy is reused while NGX_SRC names the same tree
+/// (its path, nginx.h and conf_flags, which the copy records), and made
+/// again for another (a build dir that served one tree, then another).
 fn configure(src: &Path, tree: &Path) {
-    if tree.join("objs/ngx_auto_config.h").exists() {
+    let stamp = tree.join(".ngx_threadpool_src");
+    let id = format!(
+        "{}\n{}\n{}",
+        src.display(),
+        fs::read_to_string(src.join("src/core/nginx.h")).unwrap_or_default(),
+        fs::read_to_string(src.join("conf_flags")).unwrap_or_default()
+    );
+    if tree.join("objs/ngx_auto_config.h").exists()
+        && fs::read_to_string(&stamp).is_ok_and(|s| s == id)
+    {
         return;
     }
     let _ = fs::remove_dir_all(tree);
@@ -115,6 +132,7 @@ fn configure(src: &Path, tree: &Path) {
             "{flags} >configure.log 2>&1 || {{ cat configure.log >&2; exit 1; }}"
         ))
         .current_dir(tree));
+    fs::write(&stamp, id).expect("cannot write the configured tree's stamp");
 }
 
 /// The -I directories of the configured tree, read from objs/Makefile.
