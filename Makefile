@@ -20,7 +20,7 @@ MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test test-stress test-trixie test-static test-lua-releases test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test test-stress test-trixie test-openresty test-lua-releases test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -52,18 +52,21 @@ test-stress: build
 # The same suite on the two other targets of the README's support table,
 # each kept under /var/cache/ngx-threadpool and reused by the next run
 # (a missing or unfinished one is made again): Debian 13 in a chroot made
-# with debootstrap from Debian's archive (matrix/chroot.sh), and, in that
-# chroot, an nginx with the lua module compiled in, built from Debian 13's
-# source packages (matrix/static-nginx.sh). Root only (chroot, mounts).
+# with debootstrap from Debian's archive (matrix/chroot.sh; root only:
+# chroot, mounts), and OpenResty's nginx below.
 test-trixie:
 	matrix/chroot.sh 'make test'
-STATIC_NGINX_PACKAGES := libpcre2-dev zlib1g-dev libssl-dev
-# The module is built against that nginx's own tree and `nginx -V` flags,
-# as OpenResty's users build it.
-test-static:
-	matrix/chroot.sh 'make deps DEB_PACKAGES="$(STATIC_NGINX_PACKAGES)" && \
-		nginx=$$(matrix/static-nginx.sh) && NGX_TP_NGINX=$$nginx \
-		NGX_SRC=$${nginx%/sbin/nginx}/src CARGO_TARGET_DIR=$$PWD/target/static make test'
+# OpenResty 1.31.1.1's nginx as OpenResty builds it (lua-nginx-module
+# 0.10.31rc5 and ngx_devel_kit compiled in, its own LuaJIT and lualib), from
+# the source tarballs in NGX_TP_UPSTREAM (default ../shared/upstream) alone,
+# natively (matrix/openresty.sh, kept under /var/cache/ngx-threadpool). The
+# module is built against that nginx's own patched tree and `nginx -V`
+# flags, as OpenResty's users build it; the whole suite runs against it.
+OPENRESTY_PACKAGES := libpcre2-dev zlib1g-dev libssl-dev patch xz-utils
+test-openresty:
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(DEB_PACKAGES) $(OPENRESTY_PACKAGES)"
+	nginx=$$(matrix/openresty.sh) && NGX_TP_NGINX=$$nginx \
+		NGX_SRC=$${nginx%/sbin/nginx}/src CARGO_TARGET_DIR=$$PWD/target/openresty $(MAKE) test
 # The other lua-nginx-module releases of the supported range (Cargo.toml's
 # package.metadata.lua-nginx-module): each built by matrix/lua-module.sh as
 # a dynamic module for Debian 12's nginx, with its own lua-resty-core, and
@@ -98,8 +101,8 @@ test-lua-releases: build
 		else failed="$$failed $$v (build)"; fi; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-lua-releases failed on:$$failed" >&2; exit 1; fi
-# All three, one after the other (.ci/run).
-test-matrix: test test-trixie test-static
+# Every row, one after the other (.ci/run).
+test-matrix: test test-trixie test-openresty test-lua-releases
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
 LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak

@@ -18,10 +18,12 @@ fn main() {
         "cargo:rerun-if-changed={}",
         src.join("src/core/nginx.h").display()
     );
-    println!(
-        "cargo:rerun-if-changed={}",
-        src.join("conf_flags").display()
-    );
+    if src.join("conf_flags").exists() {
+        println!(
+            "cargo:rerun-if-changed={}",
+            src.join("conf_flags").display()
+        );
+    }
 
     lua_module_range();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());

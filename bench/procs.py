@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# The nginx under test: NGX_TP_NGINX when set (make test-static: an nginx
-# with the lua module compiled in), else Debian's.
+# The nginx under test: NGX_TP_NGINX when set (make test-openresty: OpenResty's
+# nginx, the lua module compiled in), else Debian's.
 NGINX = os.environ.get("NGX_TP_NGINX", "/usr/sbin/nginx")
 MODULES = "/usr/lib/nginx/modules"
 # The module cargo built: under CARGO_TARGET_DIR when set (matrix/chroot.sh

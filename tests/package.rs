@@ -87,7 +87,7 @@ fn luajit_package() -> String {
 
 /// Whether the nginx under test is not the one the package is for: the
 /// package depends on Debian's dynamic lua module and nginx ABI, which an
-/// nginx with the lua module built in (make test-static) does not have.
+/// nginx with the lua module built in (make test-openresty) does not have.
 fn not_debian_nginx() -> bool {
     let built_in = lua_built_in();
     if built_in {

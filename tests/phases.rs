@@ -1,6 +1,7 @@
 //! The phases push_task works in: those where lua-nginx-module lets a
-//! coroutine wait (rewrite, access, content, timers, server_rewrite_by_lua
-//! and ssl_certificate_by_lua; run_worker_thread works there too), and an
+//! coroutine wait (rewrite, access, content, timers, server_rewrite_by_lua,
+//! ssl_certificate_by_lua, and precontent_by_lua from 0.10.31 on;
+//! run_worker_thread works there too), and an
 //! error naming the phase everywhere else. ssl_client_hello_by_lua is
 //! refused too: Debian's nginx cannot resume a handshake paused there.
 //!
@@ -92,9 +93,9 @@ fn push_task_waits_in_server_rewrite_and_ssl_certificate() {
         .replace("$SLEEP_PORT", &free_port().to_string());
     let n = Nginx::start_with(1, MAIN, &http, &[("cert.pem", CERT), ("key.pem", KEY)]);
     if n.get("/sleep").status != 200 {
-        // nginx built from its own tarball (make test-static) lacks the
-        // patch Debian's and OpenResty's nginx carry that lets a
-        // certificate callback pause: the push fails the handshake as
+        // an nginx built from its own tarball lacks the patch Debian's
+        // and OpenResty's nginx carry that lets a certificate callback
+        // pause: the push fails the handshake as
         // ngx.sleep does, and nothing else
         eprintln!(
             "{}: ngx.sleep fails in ssl_certificate_by_lua",
@@ -169,6 +170,9 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
                 ngx.say(assert(tp.upper_pool:push_task("ok")))
             }
         }
+        location /version {
+            content_by_lua_block { ngx.say(ngx.config.ngx_lua_version) }
+        }
     }
 "#;
     let mut n = Nginx::start(MAIN, http);
@@ -177,11 +181,16 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         t.starts_with("false ") && t.contains("API disabled in the context of set"),
         "{t}"
     );
+    // the contexts of the lua module loaded: precontent from 0.10.31 on
+    let contexts = if lua_version(&n) >= 10_031 {
+        "rewrite, server_rewrite, access, precontent, content, timer or ssl_certificate"
+    } else {
+        "rewrite, server_rewrite, access, content, timer or ssl_certificate"
+    };
     assert!(
-        t.contains(
-            "(use it in rewrite, server_rewrite, access, content, timer or ssl_certificate, \
-             or an ngx.thread of those)"
-        ),
+        t.contains(&format!(
+            "(use it in {contexts}, or an ngx.thread of those)"
+        )),
         "{t}"
     );
     let t = n.get("/init_worker").text();
@@ -219,6 +228,68 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         "[error]*header_filter said: false ",
         "[error]*failed to run log_by_lua*API disabled in the context of log",
     ]);
+    n.assert_clean_log();
+}
+
+/// The lua module's `ngx.config.ngx_lua_version` (10031 for 0.10.31), from
+/// a location `/version` of `n` that says it.
+fn lua_version(n: &Nginx) -> u32 {
+    let t = n.get("/version").text();
+    t.trim().parse().unwrap_or_else(|_| panic!("/version: {t}"))
+}
+
+#[test]
+fn push_task_waits_in_precontent_where_the_lua_module_has_it() {
+    let http = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    server {
+        listen 127.0.0.1:$PORT;
+        location /version {
+            content_by_lua_block { ngx.say(ngx.config.ngx_lua_version) }
+        }
+    }
+"#;
+    let version = lua_version(&Nginx::start(MAIN, http));
+    let precontent = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    server {
+        listen 127.0.0.1:$PORT;
+        location /precontent {
+            precontent_by_lua_block {
+                local tp = require "resty.threadpool"
+                local th = ngx.thread.spawn(function()
+                    return tp.upper_pool:push_task("light thread")
+                end)
+                ngx.ctx.precontent = assert(tp.upper_pool:push_task("precontent"))
+                local _, in_thread = assert(ngx.thread.wait(th))
+                ngx.ctx.in_thread = in_thread
+            }
+            content_by_lua_block {
+                ngx.say(ngx.ctx.precontent, ",", ngx.ctx.in_thread, ",", ngx.get_phase())
+            }
+        }
+    }
+"#;
+    if version < 10_031 {
+        // precontent_by_lua came with 0.10.31: an older release refuses it
+        // as an unknown directive, and there is nothing to push from
+        let out = common::nginx_test(MAIN, precontent, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && stderr.contains("unknown directive \"precontent_by_lua_block\""),
+            "{stderr}"
+        );
+        eprintln!(
+            "lua-nginx-module {version} has no precontent_by_lua: the push there is not tried"
+        );
+        return;
+    }
+    let n = Nginx::start(MAIN, precontent);
+    assert_eq!(
+        n.get("/precontent").text(),
+        "PRECONTENT,LIGHT THREAD,content\n"
+    );
     n.assert_clean_log();
 }
 

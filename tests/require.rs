@@ -186,3 +186,47 @@ fn os_exit_raises_and_the_worker_keeps_serving() {
     case.check(&ngx);
     assert_eq!(ngx.workers(), pid, "the worker was replaced");
 }
+
+/// One LuaJIT in a worker, and the event loop's lua-resty-core is the one
+/// of the lua module loaded. The module's Rust side links
+/// libluajit-5.1.so.2 by its soname (Debian's, through pkg-config); an
+/// nginx with the lua module compiled in and an rpath to its own LuaJIT
+/// (OpenResty's, make test-openresty) makes the loader resolve that soname
+/// to its copy, so its LuaJIT alone is mapped. The harness's
+/// `lua_package_path "<repo>/lua/?.lua;;"` expands `;;` to the lua module's
+/// default path: OpenResty's compiled-in lualib, whose resty.core accepts
+/// its lua module, not /usr/share/lua/5.1's.
+#[test]
+fn one_luajit_per_worker_and_the_lua_modules_own_resty_core() {
+    let http = r#"
+    thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
+    server {
+        listen 127.0.0.1:$PORT;
+        location /core {
+            content_by_lua_block {
+                local tp = require "resty.threadpool"
+                local core = require "resty.core"
+                ngx.say(assert(tp.upper_pool:push_task("ok")), " ", core.version, " ",
+                    package.searchpath("resty.core", package.path))
+            }
+        }
+    }
+"#;
+    let n = Nginx::start("thread_pool upper_pool threads=1;", http);
+    let text = n.get("/core").text();
+    assert!(text.starts_with("OK "), "{text}");
+    let core = text.split_whitespace().nth(2).unwrap_or_default();
+    if common::lua_built_in() {
+        assert!(!core.starts_with("/usr/share/lua/"), "{text}");
+    }
+    let worker = n.workers()[0];
+    let maps = std::fs::read_to_string(format!("/proc/{worker}/maps")).unwrap();
+    let luajits: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|path| path.contains("libluajit"))
+        .collect();
+    assert_eq!(luajits.len(), 1, "{luajits:?}");
+    eprintln!("{}: resty.core {core}, LuaJIT {luajits:?}", common::nginx());
+    n.assert_clean_log();
+}

@@ -42,10 +42,21 @@ pub unsafe fn send_text(
             len: content_type.len(),
             data: content_type.as_ptr() as *mut u8,
         };
+        let rc = sys::ngx_http_send_header(r);
+        if rc == sys::NGX_ERROR as sys::ngx_int_t || rc > sys::NGX_OK as sys::ngx_int_t {
+            return rc;
+        }
         if body.is_empty() {
-            // nginx refuses a buffer with no data (an alert): headers only.
-            (*r).set_header_only(1);
-            return sys::ngx_http_send_header(r);
+            // nginx refuses a buffer with no data (an alert): its special
+            // last buffer ends the response. Not r->header_only: the bit
+            // fields of ngx_http_request_t start 2 bytes into a 32-bit
+            // unit (after `port`), and where one would cross into the
+            // next unit (nginx 1.31's uri_changes) the C compiler moves
+            // it there while bindgen 0.72 does not: from there on the
+            // accessors are 2 bits off (nginx 1.31: set_header_only sets
+            // `pipeline`, and the header waited forever). No accessor of
+            // those bit fields is used.
+            return sys::ngx_http_send_special(r, sys::NGX_HTTP_LAST as sys::ngx_uint_t);
         }
         let b = sys::ngx_create_temp_buf((*r).pool, body.len());
         let cl = sys::ngx_alloc_chain_link((*r).pool);
@@ -58,10 +69,6 @@ pub unsafe fn send_text(
         (*b).set_last_in_chain(1);
         (*cl).buf = b;
         (*cl).next = std::ptr::null_mut();
-        let rc = sys::ngx_http_send_header(r);
-        if rc == sys::NGX_ERROR as sys::ngx_int_t || rc > sys::NGX_OK as sys::ngx_int_t {
-            return rc;
-        }
         sys::ngx_http_output_filter(r, cl)
     }
 }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 pub const MODULES: &str = "/usr/lib/nginx/modules";
 
-/// The nginx under test: `NGX_TP_NGINX` when set (`make test-static` points
-/// it at an nginx with the lua module compiled in), else Debian's.
+/// The nginx under test: `NGX_TP_NGINX` when set (`make test-openresty`
+/// points it at OpenResty's nginx, the lua module compiled in), else Debian's.
 pub fn nginx() -> &'static str {
     static NGINX: OnceLock<String> = OnceLock::new();
     NGINX.get_or_init(|| std::env::var("NGX_TP_NGINX").unwrap_or_else(|_| "/usr/sbin/nginx".into()))
