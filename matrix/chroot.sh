@@ -90,7 +90,7 @@ if [ ! -e "$base/.complete" ] && { [ -n "${FRESH:-}" ] || [ ! -e "$root/.complet
     touch "$base.new/.complete"
     mv "$base.new" "$base"
 fi
-if [ ! -e "$root/.complete" ]; then
+if [ -z "${FRESH:-}" ] && [ ! -e "$root/.complete" ]; then
     rm -rf "$root.new" "$root"
     cp -a "$base" "$root.new"
     # apt-get source (the nginx with the lua module built in) needs the
@@ -106,12 +106,21 @@ if [ -n "${FRESH:-}" ]; then
     mkdir "$fresh/upper" "$fresh/work" "$fresh/root"
     trap 'rm -rf "$fresh"' EXIT
 fi
-cp /etc/resolv.conf "$root/etc/resolv.conf"
-[ -z "$fresh" ] || install -D -m 0644 /etc/resolv.conf "$fresh/upper/etc/resolv.conf"
+# What reaches the archive from here goes in too: the resolver, and apt's
+# settings for it (a proxy; Check-Valid-Until off where this machine's apt
+# reads a snapshot of the archive, whose testing Release has expired).
+if [ -n "$fresh" ]; then etc=$fresh/upper/etc; else etc=$root/etc; fi
+mkdir -p "$etc/apt/apt.conf.d"
+cp /etc/resolv.conf "$etc/resolv.conf"
+apt-config dump | grep -E '^Acquire::(Check-Valid-Until|https?::Proxy) ' \
+    > "$etc/apt/apt.conf.d/99ngx-threadpool-host" || true
 # The checkout's mount point goes with the run (a fresh clone's path is new
 # each time); the toolchain's stay.
-[ -d "$root$repo" ] && made= || made=$root$repo
-mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home"
+made=
+if [ -z "$fresh" ]; then
+    [ -d "$root$repo" ] || made=$root$repo
+    mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home"
+fi
 flock -u 9
 
 # The command runs with the lock released: runs may share the chroot (each

@@ -39,6 +39,9 @@ for _ in $(seq 50); do
     if ! (exec 3<> "/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
 done
 [ -n "$port" ] || { echo "deb-install.sh: no free port" >&2; exit 1; }
+# Loopback only: the stock default site would listen on port 80 of all
+# addresses.
+rm -f /etc/nginx/sites-enabled/default
 sed "s/127\.0\.0\.1:8080/127.0.0.1:$port/" "$example/threadpool.conf" > /etc/nginx/conf.d/threadpool.conf
 mkdir -p /etc/nginx/lua
 cp -r "$example/lua/myapp" /etc/nginx/lua/
