@@ -116,10 +116,16 @@ apt-config dump | grep -E '^Acquire::(Check-Valid-Until|https?::Proxy) ' \
     > "$etc/apt/apt.conf.d/99ngx-threadpool-host" || true
 # The checkout's mount point goes with the run (a fresh clone's path is new
 # each time); the toolchain's stay.
-made=
+# A worktree's git directory lies outside it: it is mounted too, read-only
+# (make package reads its maintainer from git log).
+gitdir=$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
+case $gitdir in "$repo"/*) gitdir= ;; esac
+made=()
 if [ -z "$fresh" ]; then
-    [ -d "$root$repo" ] || made=$root$repo
-    mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home"
+    for dir in "$repo" ${gitdir:+"$gitdir"}; do
+        [ -d "$root$dir" ] || made+=("$root$dir")
+    done
+    mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home" ${gitdir:+"$root$gitdir"}
 fi
 flock -u 9
 
@@ -127,15 +133,19 @@ flock -u 9
 # cargo build takes cargo's own locks, apt-get takes dpkg's).
 rc=0
 unshare --mount --propagation private -- bash -euo pipefail -c '
-root=$1 repo=$2 cargo_home=$3 rustup_home=$4 command=$5 base=$6 fresh=$7 release=$8
+root=$1 repo=$2 cargo_home=$3 rustup_home=$4 command=$5 base=$6 fresh=$7 release=$8 gitdir=$9
 if [ -n "$fresh" ]; then
     mount -t overlay overlay -o "lowerdir=$base,upperdir=$fresh/upper,workdir=$fresh/work" "$fresh/root"
     root=$fresh/root
-    mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home"
+    mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home" ${gitdir:+"$root$gitdir"}
 fi
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount --bind "$repo" "$root$repo"
+if [ -n "$gitdir" ]; then
+    mount --bind "$gitdir" "$root$gitdir"
+    mount -o remount,bind,ro "$root$gitdir"
+fi
 mount --bind "$cargo_home" "$root$cargo_home"
 mount --bind "$rustup_home" "$root$rustup_home"
 exec chroot "$root" /usr/bin/env -i HOME="$HOME" TERM="${TERM:-dumb}" CI="${CI:-}" \
@@ -143,6 +153,6 @@ exec chroot "$root" /usr/bin/env -i HOME="$HOME" TERM="${TERM:-dumb}" CI="${CI:-
     CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" \
     CARGO_TARGET_DIR="$repo/target/$release" \
     bash -euo pipefail -c "cd \"$repo\" && $command"
-' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" "$base" "$fresh" "$release" || rc=$?
-[ -z "$made" ] || rmdir "$made" || true
+' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" "$base" "$fresh" "$release" "$gitdir" || rc=$?
+[ ${#made[@]} = 0 ] || rmdir "${made[@]}" 2>/dev/null || true
 exit $rc
