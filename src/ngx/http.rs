@@ -43,9 +43,18 @@ pub unsafe fn send_text(
             data: content_type.as_ptr() as *mut u8,
         };
         if body.is_empty() {
-            // nginx refuses a buffer with no data (an alert): headers only.
-            (*r).set_header_only(1);
-            return sys::ngx_http_send_header(r);
+            // nginx refuses a buffer with no data (an alert): the header,
+            // then the empty last buffer nginx makes for that. Not
+            // r->header_only: in nginx 1.30 (not 1.22, 1.26) a 2-byte
+            // field (`port`) precedes the request's bit fields, and
+            // bindgen 0.72 places every bit from `uri_changes` on 2 bits
+            // before where the C compiler does (nginx 1.30 then never sent
+            // the header).
+            let rc = sys::ngx_http_send_header(r);
+            if rc == sys::NGX_ERROR as sys::ngx_int_t || rc > sys::NGX_OK as sys::ngx_int_t {
+                return rc;
+            }
+            return sys::ngx_http_send_special(r, sys::NGX_HTTP_LAST as sys::ngx_uint_t);
         }
         let b = sys::ngx_create_temp_buf((*r).pool, body.len());
         let cl = sys::ngx_alloc_chain_link((*r).pool);
