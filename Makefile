@@ -1,7 +1,6 @@
 # ngx_threadpool: build, test and run against Debian's nginx and lua module.
 
 SHELL := /bin/bash
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The Debian packages of the build, the tests and the demo, on any Debian
 # release: `a|b` names one package that releases call differently, the
 # first apt knows is taken (matrix/deps.sh). LuaJIT's headers are those of
@@ -22,7 +21,7 @@ RUN_DIR := $(CURDIR)/target/run
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test test-stress $(CHROOT_RELEASES:%=test-%) test-static deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test test-stress test-trixie test-forky test-static deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).

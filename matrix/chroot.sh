@@ -115,9 +115,9 @@ cp /etc/resolv.conf "$etc/resolv.conf"
 apt-config dump | grep -E '^Acquire::(Check-Valid-Until|https?::Proxy) ' \
     > "$etc/apt/apt.conf.d/99ngx-threadpool-host" || true
 # The checkout's mount point goes with the run (a fresh clone's path is new
-# each time); the toolchain's stay.
-# A worktree's git directory lies outside it: it is mounted too, read-only
-# (make package reads its maintainer from git log).
+# each time); the toolchain's stay. A worktree's git directory lies outside
+# it: it is mounted too, read-only (make package reads its maintainer from
+# git log).
 gitdir=$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
 case $gitdir in "$repo"/*) gitdir= ;; esac
 made=()
