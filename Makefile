@@ -1,16 +1,17 @@
 # ngx_threadpool: build, test and run against Debian's nginx and lua module.
 
 SHELL := /bin/bash
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# Package names differ between Debian releases: chosen by the release
-# this machine runs (/etc/os-release), never by trial.
-RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
-DEB_PACKAGES_bookworm := libluajit2-5.1-dev libmagickwand-6.q16-6 libpcre3
-DEB_PACKAGES_trixie := libluajit-5.1-dev libmagickwand-7.q16-10
+# The Debian packages of the build, the tests and the demo, on any Debian
+# release: `a|b` names one package that releases call differently, the
+# first apt knows is taken (matrix/deps.sh). LuaJIT's headers are those of
+# the LuaJIT the lua module links: OpenResty's fork, libluajit2-5.1-dev on
+# Debian 12 (whose libluajit-5.1-dev is another LuaJIT), libluajit-5.1-dev
+# from Debian 13 on. imagemagick brings the MagickWand library the
+# thumbnail demo loads, libnginx-mod-http-lua the PCRE its ngx.re uses.
 DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
+	'libluajit2-5.1-dev|libluajit-5.1-dev' \
 	libclang-dev clang pkg-config wrk gcc libc6-dev make git ca-certificates python3 procps \
-	imagemagick python3-prometheus-client dpkg-dev binutils lua-check \
-	$(or $(DEB_PACKAGES_$(RELEASE)),$(error make deps knows Debian 12 (bookworm) and 13 (trixie); this is "$(RELEASE)"))
+	imagemagick python3-prometheus-client dpkg-dev binutils lua-check
 # cargo's output: target/, or CARGO_TARGET_DIR (matrix/chroot.sh sets it per
 # release, so that each release's build and package stay apart). Absolute:
 # nginx resolves a relative load_module path against its prefix.
@@ -20,18 +21,12 @@ MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
 # checkout in a private directory.
 RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
-.PHONY: deps build test test-stress test-trixie test-openresty test-lua-releases test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test test-stress test-trixie test-forky test-openresty test-lua-releases deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
 deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
-		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-		echo "installing:" $$missing; \
-		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
+	@matrix/deps.sh $(DEB_PACKAGES)
 
 build: deps
 	cargo build --release
@@ -49,13 +44,24 @@ N ?= 5
 test-stress: build
 	@MAKE="$(MAKE)" bash tests/stress.sh $(N)
 
-# The same suite on the two other targets of the README's support table,
-# each kept under /var/cache/ngx-threadpool and reused by the next run
-# (a missing or unfinished one is made again): Debian 13 in a chroot made
-# with debootstrap from Debian's archive (matrix/chroot.sh; root only:
-# chroot, mounts), and OpenResty's nginx below.
-test-trixie:
-	matrix/chroot.sh 'make test'
+# The same suite on the other targets of the README's support table, each
+# in a chroot made with debootstrap from the Debian archive of this
+# machine's apt sources and kept under /var/cache/ngx-threadpool, reused by
+# the next run (a missing or unfinished one is made again;
+# matrix/chroot.sh): Debian 13 (test-trixie) and Debian testing
+# (test-forky). A release's row ends with its package installed into a
+# fresh chroot of the release (deb-test). Root only (chroot, mounts).
+CHROOT_RELEASES := trixie forky
+$(CHROOT_RELEASES:%=test-%): test-%:
+	RELEASE=$* matrix/chroot.sh 'make test deb'
+	RELEASE=$* FRESH=1 matrix/chroot.sh matrix/deb-install.sh
+# The package of this machine's release (make deb) installed with apt-get
+# into a fresh debootstrap chroot of that release, which serves
+# docs/configuration.md's example through it (matrix/deb-install.sh).
+HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
+deb-test: deb
+	RELEASE=$(HOST_RELEASE) FRESH=1 matrix/chroot.sh \
+		'matrix/deb-install.sh $(TARGET_DIR)/debian/$(DEB_PKG)_$(DEB_VERSION)_*.deb'
 # OpenResty 1.31.1.1's nginx as OpenResty builds it (lua-nginx-module
 # 0.10.31rc5 and ngx_devel_kit compiled in, its own LuaJIT and lualib), from
 # the source tarballs in NGX_TP_UPSTREAM (default ../shared/upstream) alone,
@@ -101,8 +107,8 @@ test-lua-releases: build
 		else failed="$$failed $$v (build)"; fi; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-lua-releases failed on:$$failed" >&2; exit 1; fi
-# Every row, one after the other (.ci/run).
-test-matrix: test test-trixie test-openresty test-lua-releases
+# Every row, one after the other (.ci/run): the quick ones first.
+test-matrix: test test-lua-releases deb-test test-openresty test-trixie test-forky
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
 LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak

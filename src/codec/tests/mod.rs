@@ -22,6 +22,9 @@ const HELPERS: &str = r##"
         return { n = select("#", ...), ... }
     end
 
+    -- Raw contents, as the codec reads them: `next`, not `pairs`, which
+    -- calls a __pairs metamethod in some LuaJIT builds (Debian
+    -- testing's OpenResty LuaJIT, 2.1.0+openresty20251030).
     function deep_eq(a, b)
         if type(a) ~= type(b) then
             return false
@@ -36,15 +39,15 @@ const HELPERS: &str = r##"
             return a == b
         end
         local na, nb = 0, 0
-        for _ in pairs(a) do na = na + 1 end
-        for _ in pairs(b) do nb = nb + 1 end
+        for _ in next, a do na = na + 1 end
+        for _ in next, b do nb = nb + 1 end
         if na ~= nb then
             return false
         end
-        for k, v in pairs(a) do
+        for k, v in next, a do
             if type(k) == "table" then
                 local found = false
-                for kb, vb in pairs(b) do
+                for kb, vb in next, b do
                     if type(kb) == "table" and deep_eq(k, kb)
                        and deep_eq(v, vb)
                     then
@@ -55,7 +58,7 @@ const HELPERS: &str = r##"
                 if not found then
                     return false
                 end
-            elseif b[k] == nil or not deep_eq(v, b[k]) then
+            elseif rawget(b, k) == nil or not deep_eq(v, rawget(b, k)) then
                 return false
             end
         end
