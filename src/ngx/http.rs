@@ -52,10 +52,11 @@ pub unsafe fn send_text(
             // fields of ngx_http_request_t start 2 bytes into a 32-bit
             // unit (after `port`), and where one would cross into the
             // next unit (nginx 1.31's uri_changes) the C compiler moves
-            // it there while bindgen 0.72 does not: from there on the
-            // accessors are 2 bits off (nginx 1.31: set_header_only sets
-            // `pipeline`, and the header waited forever). No accessor of
-            // those bit fields is used.
+            // it there while bindgen 0.72 does not (it lays out a run of
+            // bit fields as if it began aligned: rust-bindgen#3105,
+            // #1377): from there on the accessors are 2 bits off (nginx
+            // 1.31: set_header_only sets `pipeline`, and the header
+            // waited forever). No accessor of those bit fields is used.
             return sys::ngx_http_send_special(r, sys::NGX_HTTP_LAST as sys::ngx_uint_t);
         }
         let b = sys::ngx_create_temp_buf((*r).pool, body.len());
