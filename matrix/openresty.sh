@@ -10,8 +10,9 @@
 # compiled into the lua module (LUA_DEFAULT_PATH) as OpenResty does: `;;`
 # in a lua_package_path means DIR's lualib, not /usr/share/lua/5.1.
 #
-# Kept under NGX_TP_OPENRESTY_CACHE, keyed by the sources' sha256s and the
-# recipe's number below (raise it when the build changes): a build of the
+# Kept under NGX_TP_CACHE/openresty (NGX_TP_CACHE: /var/cache/ngx-threadpool,
+# as for the other rows), keyed by the sources' sha256s and the recipe's
+# number below (raise it when the build changes): a build of the
 # same sources and recipe is reused, a build that did not finish is made
 # again, and concurrent runs wait for each other (flock).
 # Prints the nginx binary's path, DIR/sbin/nginx; DIR/src is the pristine
@@ -29,7 +30,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 upstream=${NGX_TP_UPSTREAM:-$repo/../shared/upstream}
 sources=$upstream/openresty-1.31.1.1
-cache=${NGX_TP_OPENRESTY_CACHE:-/var/cache/ngx-threadpool/openresty}
+cache=${NGX_TP_CACHE:-/var/cache/ngx-threadpool}/openresty
 
 [ -f "$sources/SHA256SUMS" ] || {
     echo "openresty.sh: no $sources/SHA256SUMS (set NGX_TP_UPSTREAM to the folder holding openresty-1.31.1.1/)" >&2
