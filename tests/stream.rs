@@ -217,9 +217,10 @@ const HTTP: &str = r#"
                 end
                 bad = table.concat(bad, ",")
                 local s = assert(pool:push_stream("badchunk"))
+                local _, werr = pcall(s.write, s, nil)
                 local v, serr = s:read()
                 ngx.say(tostring(ok), " ", err, " | ", bad, " | ",
-                        tostring(v), " ", serr, " ", tostring(s.done))
+                        tostring(v), " ", serr, " ", tostring(s.done), " | ", werr)
             }
         }
         location /flood {
@@ -442,9 +443,15 @@ fn a_stream_without_chunks_is_a_task(pool: &str) {
         )),
         "{text}"
     );
+    let (text, write_nil) = text.trim_end().rsplit_once(" | ").unwrap();
     assert!(
-        text.trim_end().ends_with(" true") && text.contains(bad_value),
+        text.ends_with(" true") && text.contains(bad_value),
         "{text}"
+    );
+    // the user's chunk is write's argument #1, as Lua numbers them
+    assert!(
+        write_nil.ends_with("bad argument #1 to 'write' (a chunk expected, got nil)"),
+        "{write_nil}"
     );
     n.assert_clean_log();
 }

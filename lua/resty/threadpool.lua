@@ -332,6 +332,11 @@ end
 -- cancelled), or, with nowait, fails at once with "stream input full".
 function Stream.write(self, chunk, nowait)
     check_stream(self, "write")
+    -- as Lua numbers a method's arguments: the chunk is #1 (the C
+    -- function, which also takes the id and the wait, says #4)
+    if chunk == nil then
+        error("bad argument #1 to 'write' (a chunk expected, got nil)", 2)
+    end
     if self.done then
         return nil, "stream closed"
     end
