@@ -72,7 +72,8 @@ use crate::{Error, Init, IntoResults, Task};
 pub trait Handler: Sized {
     /// What `process` returns in `Ok`: any [`Serialize`](serde::Serialize)
     /// value is one result, [`Values`](crate::Values) several (see
-    /// [`IntoResults`]). It may borrow from the task's arguments (`'t`),
+    /// [`IntoResults`]). A bare tuple is one result, a Lua table: `(a, b)`
+    /// gives the caller `{a, b}`, `Values((a, b))` gives `a, b`. It may borrow from the task's arguments (`'t`),
     /// as `&'t str` read with [`Task::args`] does.
     type Output<'t>: IntoResults;
 
