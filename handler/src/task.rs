@@ -263,7 +263,10 @@ impl<'t> Task<'t> {
 
     /// The next chunk the caller of a stream wrote (`s:write(v)`), read as
     /// `T`, waiting for it; `None` once the caller ended its input
-    /// (`s:close_write()`) and every chunk was received.
+    /// (`s:close_write()`) and every chunk was received. A chunk that does
+    /// not read as `T` is [`StreamError::Value`] with the decoder's
+    /// message; it is taken all the same, and the next call reads the next
+    /// chunk.
     ///
     /// ```no_run
     /// # use ngx_threadpool_handler::{StreamError, Task};
