@@ -137,12 +137,14 @@ lint: deps
 # nginx in the foreground on 127.0.0.1:RUN_PORT with nginx-conf/demo.conf,
 # under the prefix RUN_DIR. NGINX is the nginx to run (NGX_TP_NGINX, as the
 # tests take it, else the one on PATH); where the lua module is compiled
-# into it (OpenResty's shape), the demo loads no lua module of its own,
-# else Debian's or the one NGX_TP_LUA_MODULE names, as the tests do.
+# into it (OpenResty's shape: an --add-module of lua-nginx-module-* or, in
+# OpenResty's bundle, ngx_lua-*), the demo loads no lua module of its own,
+# else Debian's or the one NGX_TP_LUA_MODULE names, as the tests do
+# (tests/common's lua_built_in and lua_module_lines).
 RUN_DIR ?= $(CURDIR)/target/run
 RUN_PORT ?= 8080
 NGINX ?= $(or $(NGX_TP_NGINX),nginx)
-RUN_LUA_MODULES = $(shell $(NGINX) -V 2>&1 | grep -q -- '--add-module=[^ ]*lua-nginx-module' || \
+RUN_LUA_MODULES = $(shell $(NGINX) -V 2>&1 | grep -qE -- '--add-module=[^ ]*(lua-nginx-module|ngx_lua-)' || \
 	echo 'load_module /usr/lib/nginx/modules/ndk_http_module.so; \
 	load_module $(or $(NGX_TP_LUA_MODULE),/usr/lib/nginx/modules/ngx_http_lua_module.so);')
 URL = http://127.0.0.1:$(RUN_PORT)

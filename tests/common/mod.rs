@@ -23,15 +23,18 @@ pub fn nginx() -> &'static str {
 }
 
 /// Whether lua-nginx-module is compiled into that nginx (OpenResty's
-/// shape: its `-V` lists it among `--add-module`), so that no
-/// `load_module` line loads it or ngx_devel_kit.
+/// shape: its `-V` lists it among `--add-module`, as the release's source
+/// directory, `lua-nginx-module-*` or, in OpenResty's own bundle,
+/// `ngx_lua-*`), so that no `load_module` line loads it or ngx_devel_kit.
+/// The Makefile's `make run` decides the same way (RUN_LUA_MODULES).
 pub fn lua_built_in() -> bool {
     static BUILT_IN: OnceLock<bool> = OnceLock::new();
     *BUILT_IN.get_or_init(|| {
         let out = Command::new(nginx()).arg("-V").output().expect("nginx -V");
         String::from_utf8_lossy(&out.stderr)
             .split_whitespace()
-            .any(|flag| flag.starts_with("--add-module=") && flag.contains("lua-nginx-module"))
+            .filter_map(|flag| flag.strip_prefix("--add-module="))
+            .any(|dir| dir.contains("lua-nginx-module") || dir.contains("ngx_lua-"))
     })
 }
 
