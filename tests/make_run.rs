@@ -80,11 +80,16 @@ impl Demo {
             .unwrap_or_else(|e| panic!("GET {path}: {e}\n{}", self.error_log()))
     }
 
+    /// Sends `signal` to every process of make's group.
+    fn signal_group(&self, signal: &str) {
+        let group = format!("-{}", self.make.id());
+        let _ = Command::new("kill").args([signal, "--", &group]).status();
+    }
+
     /// Ctrl-C: SIGINT to every process of make's group (make and nginx's
     /// master, which stops its workers), then waits for make to end.
     fn interrupt(&mut self) {
-        let group = format!("-{}", self.make.id());
-        let _ = Command::new("kill").args(["-INT", "--", &group]).status();
+        self.signal_group("-INT");
         let started = Instant::now();
         while self.make.try_wait().unwrap().is_none() {
             assert!(
@@ -99,8 +104,7 @@ impl Demo {
 impl Drop for Demo {
     fn drop(&mut self) {
         if self.make.try_wait().ok().flatten().is_none() {
-            let group = format!("-{}", self.make.id());
-            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            self.signal_group("-KILL");
             let _ = self.make.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
