@@ -32,11 +32,17 @@ echo "modules-enabled:" $enabled
 grep -qx 60-mod-http-threadpool.conf <<< "$enabled" || {
     echo "deb-install.sh: the package did not enable the module" >&2; exit 1; }
 
-# A port nothing listens on (other runs may hold the example's 8080).
+# A loopback port no socket holds in any state (/proc/net/tcp lists
+# listeners, connections and TIME_WAIT alike), below the kernel's ephemeral
+# ports: a port taken from those can be a client's local port by the time
+# nginx binds it ("Address already in use"). Other runs may hold the
+# example's 8080.
+ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+held=$(awk 'NR > 1 { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u)
 port=
 for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 40000))
-    if ! (exec 3<> "/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
+    p=$((20000 + RANDOM % (ephemeral - 20000)))
+    if ! grep -qx "$(printf '%04X' "$p")" <<< "$held"; then port=$p; break; fi
 done
 [ -n "$port" ] || { echo "deb-install.sh: no free port" >&2; exit 1; }
 # Loopback only: the stock default site would listen on port 80 of all
