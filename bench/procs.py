@@ -4,6 +4,7 @@ the machine and versions it ran on."""
 
 import os
 import platform
+import random
 import signal
 import socket
 import subprocess
@@ -42,9 +43,19 @@ def module_fields(module=MODULE):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no socket holds, below the kernel's ephemeral ports:
+    one the kernel handed out (bind to port 0) can be a client's local port
+    (wrk's, by the thousand) by the time nginx binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    for port in random.sample(range(20000, ephemeral), ephemeral - 20000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below %d" % ephemeral)
 
 
 def start(prefix, *args):
