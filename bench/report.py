@@ -300,7 +300,7 @@ def md_mechanisms(res, targets):
            "context switches of its thread: waits in epoll_wait) and the pool thread's "
            "write system calls (the eventfd). The event loop polls for a completion "
            "before it sleeps, and the pool thread writes the eventfd only while the "
-           "event loop sleeps (src/ngx/notify.rs): without them both are one per "
+           "event loop sleeps (src/handoff/notify.rs): without them both are one per "
            "task. The poll stops while completions come late, as on a busy machine "
            "(the cores other processes took are given), so these figures are "
            "`make bench`'s, not a test's.\n"]

@@ -417,7 +417,7 @@ def section_waf(plan, res):
 
 
 def section_mechanisms(plan, res):
-    """The event loop's poll for completions (src/ngx/notify.rs) and
+    """The event loop's poll for completions (src/handoff/notify.rs) and
     cooperative cancellation (tests/cancel.rs), on a pool of one thread:
     figures that depend on the machine's load, so no test asserts them."""
     with Nginx("mechanisms", tp_threads=1, rwt_threads=0, pools=("mech",)) as ng:

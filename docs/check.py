@@ -4,7 +4,7 @@ Links: every link of README.md, docs/*.md, bench/README.md and soak/README.md
 that is not a URL must name a file or directory of the repository and,
 with a #anchor into a Markdown file, one of that file's headings, as
 GitHub makes their anchors. A code span that is a path of the repository
-(`src/pool/thread.rs`) must name a file that exists, so that the docs
+(`src/thread/run.rs`) must name a file that exists, so that the docs
 follow files that move.
 
 Reference: every directive the module registers (its command table and

@@ -3,35 +3,81 @@
 //!
 //! This file wires the module into nginx: the module record, its directive
 //! table and its process hooks, each handing over to the folder below that
-//! does the work. The map of the crate, which `tests/layout.rs` checks
-//! against the files:
+//! does the work.
 //!
+//! The map of the crate, which `tests/layout.rs` holds to the files: every
+//! folder of src/ is an entry and every file is named in its folder's
+//! entry. The entries run from the top down: a file imports from its own
+//! folder and from the folders of later entries only, never from an
+//! earlier one (`tests/layout.rs` fails on an import against that
+//! direction). Folders are roles; a feature that crosses the two sides
+//! keeps a file in each role it touches, and its trail is listed after
+//! the map.
+//!
+//! - `api/`: what the event loop offers its Lua code. The C functions
+//!   behind lua/resty/threadpool.lua: their registration (`mod.rs`), tasks
+//!   (`functions.rs`), streams (`streams.rs`); and `thread_pool_status`
+//!   (`status.rs`).
+//! - `worker/`: the event loop's side of the hand-off. The worker's pools
+//!   and completions (`mod.rs`), init_process and exit_process
+//!   (`process.rs`), task records (`tasks.rs`), the accept gate
+//!   (`gate.rs`), errors (`error.rs`).
+//! - `thread/`: the pool threads' side. A thread's loop (`run.rs`), the
+//!   seam over the two kinds of handler (`handler.rs`), shadow comparison
+//!   (`shadow.rs`: POOL's half, `compare.rs`: SHADOW's half), the watchdog
+//!   (`watchdog.rs`).
 //! - `conf/`: configuration, read in the master. The directives' setters
 //!   and the http main conf (`mod.rs`), `*_by_lua_block` reading
 //!   (`block.rs`), its errors (`error.rs`), a pool's settings declared in
 //!   one place (`settings.rs`).
-//! - `api/`: what the event loop offers. The C functions behind
-//!   lua/resty/threadpool.lua: their registration (`mod.rs`), tasks
-//!   (`functions.rs`), streams (`streams.rs`); and `thread_pool_status`
-//!   (`status.rs`).
-//! - `worker/`: the event loop's side of the hand-off. The worker's pools
-//!   and completions (`mod.rs`), its start (`start.rs`), task records
-//!   (`tasks.rs`), the accept gate (`gate.rs`), counters (`stats.rs`),
-//!   errors (`error.rs`).
+//! - `vm/`: a pool thread's Lua state (`mod.rs`): its `ngx` table
+//!   (`ngx_table.rs`), ngx.re (`ngx_re.rs`), what runs in its protected
+//!   calls (`task.rs`), the handler styles (`chunk.rs`), cooperative
+//!   cancellation and a stream's calls (`cancel.rs`).
+//! - `native/`: a pool thread's native handler: its state and callbacks
+//!   (`mod.rs`), the C ABI's structs (`abi.rs`), loading a library
+//!   (`library.rs`).
 //! - `handoff/`: what crosses between the two sides. A push's work and its
-//!   task handle (`job.rs`), encoded values (`payload.rs`), cancellation and
-//!   outcome (`outcome.rs`), a stream's chunks (`stream.rs`), the adaptive
-//!   poll both sides wait with (`spin.rs`).
-//! - `pool/`: the pool threads' side. The thread loop (`thread.rs`), the
-//!   seam over the two kinds of handler (`handler.rs`), shadow comparison
-//!   (`shadow.rs`: POOL's half, `compare.rs`: SHADOW's half), the watchdog
-//!   (`watchdog.rs`).
-//! - `vm/`: a pool thread's Lua state and its `ngx` table; `native/`: a pool
-//!   thread's native handler library; `codec/`: MessagePack between the
-//!   sides; `lua/`: the Lua C API helpers both sides use.
-//! - `ngx/`: the nginx boundary. bindgen's bindings and small wrappers
-//!   (configuration, logs, lua-nginx-module's API, the notify multiplexer,
-//!   the OS calls); it calls up only through callbacks registered with it.
+//!   handle (`job.rs`), encoded values (`payload.rs`), cancellation and
+//!   outcome (`outcome.rs`), a stream's chunks (`stream.rs`), the wake-up
+//!   of the event loop (`notify.rs`), the adaptive poll both sides wait
+//!   with (`spin.rs`).
+//! - `stats/`: what both sides count and every worker's status page reads:
+//!   a pool's counters and timings, the queue bound and the admission
+//!   estimate, the shared-memory table of every worker's (`mod.rs`); the
+//!   accept gate's state in that table (`gate.rs`).
+//! - `codec/`: MessagePack between the sides. The format's limits and
+//!   writer (`format.rs`), `encode.rs`, `decode.rs`, error texts
+//!   (`message.rs`), a payload as a Rust tree (`value.rs`).
+//! - `ngx/`: the nginx boundary. bindgen's bindings (`bindings.rs`) and
+//!   small wrappers: configuration (`conf.rs`), logs (`log.rs`), the module
+//!   record (`module.rs`), memory pools (`palloc.rs`), shared memory
+//!   (`shm.rs`), a content handler's response (`http.rs`), the locations'
+//!   `aio threads` (`http_locations.rs`), nginx's thread pools
+//!   (`thread_pool.rs`), accepting connections (`accept.rs`),
+//!   lua-nginx-module's API (`lua.rs`), its symbols (`lua_symbols.rs`)
+//!   and what it injects into a thread's `ngx` (`lua_inject.rs`), the
+//!   shim's C arguments (`shim.rs`), native libraries (`dl.rs`), OS calls
+//!   (`os.rs`), panic guards (`guard.rs`). It calls up only through
+//!   callbacks registered with it.
+//! - `luajit/`: the Lua C API below mlua's safe API, both sides. A pool
+//!   thread's state (`mod.rs`) and its allocator (`alloc.rs`), protected
+//!   calls (`call.rs`), values on a raw stack (`stack.rs`).
+//!
+//! The features that cross the sides, file by file:
+//!
+//! - a task: `api/functions.rs` (push) → `worker/mod.rs` (queue) →
+//!   `thread/run.rs` → `thread/handler.rs` → `vm/` (decode, run, encode
+//!   with `codec/`) or `native/` → `handoff/notify.rs` (wake) →
+//!   `worker/tasks.rs` (complete, post the semaphore) → `api/functions.rs`
+//!   (result).
+//! - a stream: `api/streams.rs` (push_stream, read, write) →
+//!   `handoff/stream.rs` (the chunks both sides share) → `vm/cancel.rs` or
+//!   `native/mod.rs` (send, receive) → `worker/tasks.rs` (the record's
+//!   chunks).
+//! - shadowing: `conf/mod.rs` (thread_pool_shadow) → `thread/shadow.rs`
+//!   (POOL's sample) → `handoff/job.rs` (the shadow task) →
+//!   `thread/compare.rs` (SHADOW's comparison) → `stats/` (its counters).
 //!
 //! Where `unsafe` is: each file holding an `unsafe` block, fn, impl or
 //! extern block (`tests/layout.rs` counts them in the code and fails when
@@ -40,22 +86,18 @@
 //!
 //! | folder | files | what the `unsafe` is for |
 //! |---|---|---|
-//! | `ngx/` | `mod.rs` `accept.rs` `conf.rs` `dl.rs` `http.rs` `http_locations.rs` `log.rs` `lua.rs` `lua_api.rs` `lua_symbols.rs` `module.rs` `notify.rs` `os.rs` `pool.rs` `shim.rs` `shm.rs` `thread_pool.rs` | nginx's structures and calls, lua-nginx-module's API, dlsym, libc |
-//! | `lua/` | `mod.rs` `alloc.rs` `call.rs` `stack.rs` | the Lua C API below mlua's safe API |
+//! | `ngx/` | `mod.rs` `accept.rs` `conf.rs` `dl.rs` `http.rs` `http_locations.rs` `log.rs` `lua.rs` `lua_inject.rs` `lua_symbols.rs` `module.rs` `os.rs` `palloc.rs` `shim.rs` `shm.rs` `thread_pool.rs` | nginx's structures and calls, lua-nginx-module's API, dlsym, libc |
+//! | `luajit/` | `mod.rs` `alloc.rs` `call.rs` `stack.rs` | the Lua C API below mlua's safe API |
 //! | (root) | `lib.rs` | the module record and the hooks nginx calls with raw pointers |
 //! | `conf/` | `mod.rs` | the setters nginx calls with its configuration; the main conf in a cycle |
 //! | `api/` | `mod.rs` `functions.rs` `streams.rs` `status.rs` | the shim's C functions on the caller's Lua stack (their registration, tasks, streams); the status handler |
-//! | `worker/` | `mod.rs` `start.rs` `stats.rs` `tasks.rs` | task lists in a request's pool, init_process, counters in shared memory |
-//! | `handoff/` | `stream.rs` | the stream of the task a pool thread runs, which its handler's sends reach |
-//! | `pool/` | `compare.rs` `handler.rs` `shadow.rs` `thread.rs` | a task's borrowed bytes (spans), alive until its completion |
+//! | `worker/` | `mod.rs` `process.rs` `tasks.rs` | task lists in a request's pool, init_process |
+//! | `stats/` | `mod.rs` | counters in shared memory |
+//! | `handoff/` | `job.rs` `notify.rs` `stream.rs` | a shadow task's check, unsafe to call on other arguments than its own; the wake-up's nginx event and eventfd; the stream of the task a pool thread runs, which its handler's sends reach |
+//! | `thread/` | `compare.rs` `handler.rs` `run.rs` `shadow.rs` | a task's borrowed bytes (spans), alive until its completion |
 //! | `vm/` | `cancel.rs` `mod.rs` `task.rs` | the protected calls' C functions on a thread's Lua state |
 //! | `native/` | `library.rs` `mod.rs` | the handler library's C functions |
-//! | `codec/` | `decode.rs` `encode.rs` `mod.rs` `value.rs` `wire.rs` `tests/errors.rs` `tests/mod.rs` `tests/speed.rs` `tests/values.rs` | values read from and written to a Lua stack; borrowed spans |
-//!
-//! One task's journey: `api/functions.rs` (push) → `worker/mod.rs` (queue)
-//! → `pool/thread.rs` → `pool/handler.rs` → `vm/` (decode, run, encode with
-//! `codec/`) or `native/` → `ngx/notify.rs` (wake) → `worker/tasks.rs`
-//! (complete, post the semaphore) → `api/functions.rs` (result).
+//! | `codec/` | `decode.rs` `encode.rs` `mod.rs` `value.rs` `format.rs` `tests/errors.rs` `tests/mod.rs` `tests/speed.rs` `tests/values.rs` | values read from and written to a Lua stack; borrowed spans |
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -63,10 +105,11 @@ pub mod api;
 pub mod codec;
 pub mod conf;
 pub mod handoff;
-pub mod lua;
+pub mod luajit;
 pub mod native;
 pub mod ngx;
-pub mod pool;
+pub mod stats;
+pub mod thread;
 pub mod vm;
 pub mod worker;
 
@@ -222,7 +265,7 @@ unsafe extern "C" fn create_main_conf(cf: *mut sys::ngx_conf_t) -> *mut c_void {
 
         // SAFETY: cf->pool is the new cycle's pool: the conf is dropped with
         // it at the next reload.
-        unsafe { ngx::pool::adopt((*cf).pool, MainConf::default()) }
+        unsafe { ngx::palloc::adopt((*cf).pool, MainConf::default()) }
             .map_or(ptr::null_mut(), |p| p.as_ptr().cast())
     })
 }
@@ -263,7 +306,7 @@ unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int
             conf.lua_vm = ngx::lua::MainVm::of(unsafe { ngx::conf::Conf::from_raw(cf) });
             // SAFETY: cf is the http configuration being parsed, in
             // postconfiguration, where add() may add its shared zone.
-            conf.status = unsafe { worker::stats::StatusTable::add(cf, conf.pools.len()) };
+            conf.status = unsafe { crate::stats::StatusTable::add(cf, conf.pools.len()) };
             if conf.status.is_none() {
                 return sys::NGX_ERROR as sys::ngx_int_t;
             }
@@ -301,7 +344,7 @@ unsafe extern "C" fn init_module(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t
     })
 }
 
-/// Each worker: start the pools (worker/start.rs).
+/// Each worker: start the pools (worker/process.rs).
 unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_t {
     ngx::guard::no_unwind("init_process", sys::NGX_ERROR as sys::ngx_int_t, || {
         // SAFETY: nginx passes the worker's cycle.
@@ -313,7 +356,7 @@ unsafe extern "C" fn init_process(cycle: *mut sys::ngx_cycle_t) -> sys::ngx_int_
         }
         // SAFETY: init_process of the worker whose cycle this is, on its
         // event loop; the lua module is loaded before this module.
-        match unsafe { worker::start::init_process(cycle, conf) } {
+        match unsafe { worker::process::init_process(cycle, conf) } {
             Ok(()) => sys::NGX_OK as sys::ngx_int_t,
             Err(msg) => {
                 ngx::log::message(ngx::log::NGX_LOG_EMERG, format_args!("{msg}"));

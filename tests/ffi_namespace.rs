@@ -238,7 +238,7 @@ fn thread_lua_declares_only_its_own_names() {
         "ngx_require.lua",
         "ngx_re_pcre1.lua",
         "ngx_re_pcre2.lua",
-        "ngx_thread_api.lua",
+        "ngx_ffi.lua",
         "cancel.lua",
     ] {
         assert!(

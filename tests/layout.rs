@@ -1,6 +1,7 @@
 //! The map of the crate in src/lib.rs's module doc stays true: every folder
 //! of src/ is on it, and for the folders it lists file by file, every file
-//! but mod.rs is named in the folder's entry and every name is a file.
+//! but mod.rs is named in the folder's entry and every name is a file;
+//! and imports run down the map, never up.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -102,9 +103,13 @@ fn listed_folders_name_each_of_their_files() {
             );
         }
     }
-    assert!(
-        listed >= 5,
-        "lib.rs's map lists the files of {listed} folders"
+    let folders = std::fs::read_dir(src())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
+    assert_eq!(
+        listed, folders,
+        "lib.rs's map must name the files of every folder of src/"
     );
 }
 
@@ -273,6 +278,17 @@ fn imports(file: &str, code: &str, files: &BTreeSet<String>) -> BTreeSet<String>
                 .chars()
                 .take_while(|&c| ident(c) || c == ':')
                 .collect();
+            if path == "crate::" && code[start + path.len()..].starts_with('{') {
+                // `crate::{a, b::c}`: each member, as `crate::a`, `crate::b::c`
+                let group = &code[start + path.len() + 1..];
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                for member in group.split(',') {
+                    let member = member.split_whitespace().next().unwrap_or("");
+                    let member = format!("crate::{member}");
+                    out.extend(imports(file, &format!("use {member};"), files));
+                }
+                continue;
+            }
             let mut words: Vec<&str> = path.split("::").filter(|w| !w.is_empty()).collect();
             let base = match words.first() {
                 Some(&"crate") => String::new(),
@@ -380,11 +396,85 @@ fn imports_are_read_from_crate_super_and_child_paths() {
         ["worker/mod.rs"]
     );
     assert!(got("worker/tasks.rs", "use super::Thing;").is_empty());
-    assert!(got("worker/tasks.rs", "use crate::{worker, pool};").is_empty());
+    assert_eq!(
+        got("pool/thread.rs", "use crate::{worker::tasks, pool};"),
+        ["worker/tasks.rs"]
+    );
+    assert_eq!(
+        got("worker/tasks.rs", "use crate::{self as c, worker};"),
+        ["worker/mod.rs"]
+    );
     assert_eq!(
         got("worker/mod.rs", "use tasks::Tasks;"),
         ["worker/tasks.rs"]
     );
     assert!(got("worker/tasks.rs", "// crate::pool::thread in a comment").is_empty());
     assert!(got("worker/tasks.rs", "use std::sync::Arc;").is_empty());
+}
+
+/// The folders of the map's entries, in its order: the top first.
+fn layers() -> Vec<String> {
+    entries()
+        .iter()
+        .filter_map(|e| {
+            quoted(e)
+                .first()
+                .and_then(|w| w.strip_suffix('/'))
+                .map(String::from)
+        })
+        .filter(|f| src().join(f).is_dir())
+        .collect()
+}
+
+/// The imports of src/ that point up lib.rs's map: (file, what it imports).
+fn upward_imports(layers: &[String]) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let set: BTreeSet<String> = files.iter().cloned().collect();
+    let rank = |f: &str| {
+        let folder = f.split('/').next().unwrap();
+        layers.iter().position(|l| l == folder)
+    };
+    let mut up = Vec::new();
+    for f in &files {
+        let code = std::fs::read_to_string(src().join(f)).unwrap();
+        // lib.rs is the root: it wires every folder
+        let Some(mine) = rank(f) else { continue };
+        for g in imports(f, &code, &set) {
+            if rank(&g).is_some_and(|theirs| theirs < mine) {
+                up.push((f.clone(), g));
+            }
+        }
+    }
+    up
+}
+
+#[test]
+fn imports_run_down_the_map() {
+    let layers = layers();
+    assert!(layers.len() >= 10, "the map's folders: {layers:?}");
+    let up = upward_imports(&layers);
+    assert!(
+        up.is_empty(),
+        "imports against the map's direction ({}): {up:?}",
+        layers.join(" > ")
+    );
+}
+
+#[test]
+fn an_upward_import_is_seen() {
+    // the map with two folders swapped: what one imports from the other
+    // now points up
+    let mut layers = layers();
+    let (a, b) = (
+        layers.iter().position(|l| l == "worker").unwrap(),
+        layers.iter().position(|l| l == "thread").unwrap(),
+    );
+    layers.swap(a, b);
+    let up = upward_imports(&layers);
+    assert!(
+        up.iter()
+            .any(|(f, g)| f.starts_with("worker/") && g.starts_with("thread/")),
+        "{up:?}"
+    );
 }

@@ -357,7 +357,7 @@ fn measure(n: &Nginx, tasks_per_round: usize, mut round: impl FnMut()) {
 }
 
 /// The worker's RSS once garbage is collected: the pool threads' when they
-/// have been idle for a second after large payloads (src/pool/thread.rs),
+/// have been idle for a second after large payloads (src/thread/run.rs),
 /// then the event loop's (whose collection also lets go of the borrowed
 /// strings of callers that went away). Every task's strings are its own,
 /// so garbage of a round would otherwise show as growth.

@@ -144,7 +144,7 @@ local function push_batch(pool, ms, deadline, list)
     return refused(ok, err, "push_tasks")
 end
 
--- The counters of worker/stats.rs, in its order, then two histograms of
+-- The counters of stats/mod.rs, in its order, then two histograms of
 -- (buckets, sum in µs) with these upper bounds in seconds; the last one is
 -- written as Prometheus writes it, so that cjson's defaults (which refuse
 -- math.huge) encode the table.

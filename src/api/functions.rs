@@ -31,9 +31,9 @@
 
 use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
-use crate::handoff::job::TaskId;
+use crate::handoff::job::PushId;
 use crate::handoff::payload::{Args, Payload};
-use crate::lua::stack;
+use crate::luajit::stack;
 use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE};
 use crate::ngx::shim::{ErrOut, Request};
@@ -240,7 +240,7 @@ unsafe fn anchor(
             // may have changed too: an entry that is no table ends the walk
             // short, and the push is refused.
             Values::List(list, counts) => {
-                if crate::lua::stack::reserve(l, 1) {
+                if crate::luajit::stack::reserve(l, 1) {
                     for (i, &n) in counts.iter().enumerate() {
                         lua::lua_rawgeti_(l, list, i as c_int + 1);
                         if lua::lua_type(l, table + 1) != lua::LUA_TTABLE {
@@ -327,7 +327,7 @@ pub(super) unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
 }
 
 /// `counters = stats(pool)`: this worker's counters of pool `pool`, an
-/// array in worker/stats.rs's order; nil outside a worker.
+/// array in stats/mod.rs's order; nil outside a worker.
 pub(super) unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the argument is checked first. The counters
     // are a local: an error raised while the table is built drops them.
@@ -598,7 +598,7 @@ enum Queued {
     /// Queued; the wait's code (AGAIN or OK).
     Waiting(c_int),
     /// A stream started: its record.
-    Stream(TaskId),
+    Stream(PushId),
     /// Nothing queued: the code and message.
     Refused(c_int, String),
     /// Queued, but the wait failed: the tasks run for no one.

@@ -8,8 +8,8 @@
 
 use crate::ngx::http;
 use crate::ngx::sys;
-use crate::worker::gate::{GateShared, GateSlot};
-use crate::worker::stats::{
+use crate::stats::gate::{GateShared, GateSlot};
+use crate::stats::{
     PoolStats, BUCKET_BOUNDS_US, COUNTER_NAMES, ESTIMATES_AT, ESTIMATE_NAMES, SHADOW_AT,
     SHADOW_NAMES, STATS_LEN, STREAM_AT, STREAM_NAMES,
 };

@@ -9,7 +9,7 @@ use super::functions::{
     unanchor, Mode, AGAIN, BAD_CONTEXT, DECLINED, ERROR, OK,
 };
 use crate::codec::{self, Source};
-use crate::handoff::job::TaskId;
+use crate::handoff::job::PushId;
 use crate::handoff::payload::Payload;
 use crate::handoff::stream::Written;
 use crate::ngx::guard;
@@ -72,7 +72,7 @@ pub(super) unsafe extern "C-unwind" fn read(l: *mut lua_State) -> c_int {
     // values are built drops it.
     unsafe {
         let f = c"read";
-        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
+        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as PushId;
         let ms = ms_arg(l, 2, f);
         let (r, caller) = match caller_of(l) {
             None => return refused(l, BAD_CONTEXT, ""),
@@ -137,7 +137,7 @@ unsafe fn wait_on(
     l: *mut lua_State,
     r: &Request,
     w: &mut crate::worker::Worker,
-    id: TaskId,
+    id: PushId,
     ms: c_int,
 ) -> Result<c_int, String> {
     // SAFETY: `l` is the running coroutine of a request's handler on the
@@ -167,7 +167,7 @@ pub(super) unsafe extern "C-unwind" fn write(l: *mut lua_State) -> c_int {
     // else; the chunk is a local here until it is handed over.
     unsafe {
         let f = c"write";
-        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as TaskId;
+        let id = int_arg(l, 1, f, (1.0, MAX_ID), c"not a stream") as PushId;
         let ms = ms_arg(l, 2, f);
         let wait = lua::lua_toboolean(l, 3) != 0;
         lua::lua_settop(l, 4);
@@ -238,7 +238,7 @@ const INPUT_ENDED: &str = "stream input ended";
 pub(super) unsafe extern "C-unwind" fn close_write(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the argument is checked first.
     unsafe {
-        let id = int_arg(l, 1, c"close_write", (1.0, MAX_ID), c"not a stream") as TaskId;
+        let id = int_arg(l, 1, c"close_write", (1.0, MAX_ID), c"not a stream") as PushId;
         let Some(Ok((_, caller))) = caller_of(l) else {
             return 0;
         };
@@ -262,7 +262,7 @@ const STREAM_CLOSED: &str = "stream closed";
 pub(super) unsafe extern "C-unwind" fn close(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the arguments are checked first.
     unsafe {
-        let id = int_arg(l, 1, c"close", (1.0, MAX_ID), c"not a stream") as TaskId;
+        let id = int_arg(l, 1, c"close", (1.0, MAX_ID), c"not a stream") as PushId;
         let why = if lua::lua_toboolean(l, 2) != 0 {
             Release::Timeout
         } else {

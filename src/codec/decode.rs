@@ -4,8 +4,8 @@
 //! is pushed, so it may run under a panic guard, and a bad payload leaves
 //! no half-built value behind.
 
-use super::wire::{CodecError, Span, BORROWED, MAX_DEPTH, MAX_VALUES};
-use crate::lua::stack::Op;
+use super::format::{CodecError, Span, BORROWED, MAX_DEPTH, MAX_VALUES};
+use crate::luajit::stack::Op;
 use rmp::Marker;
 use std::ffi::c_int;
 

@@ -3,12 +3,12 @@
 //! walked through `Slot` (lua/stack.rs), which only reads: nothing here
 //! allocates in Lua or raises, so it may run under a panic guard.
 
-use super::message::{escape, format_g14, lua_type_name, size_message, EncError, Kind};
-use super::wire::{
+use super::format::{
     as_int, bin_header_len, CodecError, Span, BORROWED, BORROWED_EXT_LEN, MAX_DEPTH, MAX_PAYLOAD,
     MAX_VALUES, NEST_SLOTS,
 };
-use crate::lua::stack::{self, Slot};
+use super::message::{escape, format_g14, lua_type_name, size_message, EncError, Kind};
+use crate::luajit::stack::{self, Slot};
 use crate::ngx::guard;
 use mlua::ffi::{self, lua_State};
 use std::cell::Cell;

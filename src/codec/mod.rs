@@ -26,25 +26,25 @@
 
 mod decode;
 mod encode;
+mod format;
 mod message;
 mod value;
-mod wire;
 
 pub use decode::{decode, error_text, reuse, Decoded};
 pub use encode::{
     anchor, reserve_walk, stack_overflow, write_values, write_walked, Borrow, Source,
 };
-pub use message::{lua_type_name, size_message};
-pub use value::{values, Value, Values};
-pub use wire::{
+pub use format::{
     encode_string, CodecError, Span, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES, NEST_SLOTS,
     NOT_ENOUGH_MEMORY,
 };
+pub use message::{lua_type_name, size_message};
+pub use value::{values, Value, Values};
 
 #[cfg(test)]
 mod tests;
 
-use crate::lua::stack;
+use crate::luajit::stack;
 use crate::ngx::guard;
 use mlua::ffi::lua_State;
 

@@ -1,5 +1,5 @@
 //! A payload's values as a Rust tree, for comparing two payloads as Lua
-//! values and showing them in a log line (pool/compare.rs). Built from
+//! values and showing them in a log line (thread/compare.rs). Built from
 //! the decoder's ops, so that a payload means here exactly what it means
 //! on a Lua stack.
 //!
@@ -11,8 +11,8 @@
 //! by count (`select('#', ...)`).
 
 use super::decode::{decode, reuse};
-use super::wire::{CodecError, Span};
-use crate::lua::stack::Op;
+use super::format::{CodecError, Span};
+use crate::luajit::stack::Op;
 use std::cmp::Ordering;
 use std::fmt::{self, Write};
 

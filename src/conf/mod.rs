@@ -65,7 +65,7 @@ pub struct PoolConf {
 pub struct MainConf {
     pub pools: Vec<PoolConf>,
     /// Every worker's counters, in shared memory (when there are pools).
-    pub status: Option<crate::worker::stats::StatusTable>,
+    pub status: Option<crate::stats::StatusTable>,
     /// `thread_pool_accept_gate`: None when off.
     pub gate: Option<GateConf>,
     /// The gate's wake-up of paused workers (made at postconfiguration).

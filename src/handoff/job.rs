@@ -15,7 +15,6 @@
 
 use super::payload::{Args, Payload};
 use crate::handoff::outcome::Cancel;
-use crate::pool::compare::Expected;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,15 +23,29 @@ use std::time::{Duration, Instant};
 /// A record's handle inside the module (and in debug lines): generation <<
 /// 32 | slot. Lua never holds one: a caller's record is found by who it is
 /// (`Caller`), so no handle can be stale, forged or another request's.
-pub type TaskId = u64;
+pub type PushId = u64;
 
 /// The handle of a posted task (post_task): no record, no caller. Real
 /// handles have a generation of at least 1.
-pub const POSTED: TaskId = 0;
+pub const POSTED: PushId = 0;
+
+/// What a shadow task carries to judge its result by: POOL's result and
+/// the copies its arguments' spans point into. The pool threads' side
+/// defines it (thread/compare.rs); the job only carries it.
+pub trait Expectation: Send + Sync {
+    /// Compares the shadow's result `got` on `args`, and the chunks it
+    /// sent, with POOL's and counts; a mismatch's log line, when one is
+    /// due.
+    ///
+    /// # Safety
+    /// `args` must be the arguments made with self (their spans point
+    /// into what self keeps).
+    unsafe fn check(&self, args: &Args, got: &Payload, chunks: &[Payload]) -> Option<String>;
+}
 
 pub struct Work {
     /// The record on the event loop (POSTED for a posted task).
-    pub task: TaskId,
+    pub task: PushId,
     /// The pool it was pushed to, by index.
     pub pool: usize,
     /// Read by the threads that claim tasks; the spans' bytes are kept
@@ -59,9 +72,9 @@ pub struct Work {
     /// freed on neither (a free on the event loop of memory a pool thread
     /// allocated takes that thread's malloc arena lock).
     results: Mutex<Vec<Payload>>,
-    /// A shadow task's (pool/shadow.rs): POOL's result to compare with; its
+    /// A shadow task's (thread/shadow.rs): POOL's result to compare with; its
     /// arguments' spans point into it.
-    pub expected: Option<Expected>,
+    pub expected: Option<Box<dyn Expectation>>,
     /// A stream's (push_stream): where its handler's chunks go.
     pub stream: Option<crate::handoff::stream::Stream>,
 }
@@ -79,7 +92,7 @@ impl Work {
     /// allocates nothing.
     pub fn new(
         spare: Option<Job>,
-        task: TaskId,
+        task: PushId,
         pool: usize,
         args: Args,
         results: Vec<Payload>,
@@ -102,7 +115,7 @@ impl Work {
 
     /// A shadow task: `args` (one task) run again on the shadow pool, to
     /// compare with `expected`; nobody takes its result.
-    pub fn shadowing(pool: usize, args: Args, expected: Expected) -> Job {
+    pub fn shadowing(pool: usize, args: Args, expected: Box<dyn Expectation>) -> Job {
         Arc::new(Work::with(
             POSTED,
             pool,
@@ -114,10 +127,10 @@ impl Work {
     }
 
     fn with(
-        task: TaskId,
+        task: PushId,
         pool: usize,
         args: Args,
-        expected: Option<Expected>,
+        expected: Option<Box<dyn Expectation>>,
         mut results: Vec<Payload>,
         mut buffer: impl FnMut() -> Vec<u8>,
     ) -> Work {

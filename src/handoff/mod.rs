@@ -4,6 +4,7 @@
 //! poll both sides wait with.
 
 pub mod job;
+pub mod notify;
 pub mod outcome;
 pub mod payload;
 pub mod spin;

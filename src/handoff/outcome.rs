@@ -1,7 +1,7 @@
 //! What a pool thread's handler, of either kind, is given and gives back
 //! for one task: the task's cancellation, how it went, and its error
 //! payload. Below both kinds (vm/, native/) and the seam over them
-//! (pool/handler.rs).
+//! (thread/handler.rs).
 
 use crate::codec;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -9,7 +9,7 @@ use crossbeam_channel::Sender;
 /// Payload buffers up to this size are kept for reuse.
 pub const KEEP: usize = 64 * 1024;
 /// After payloads adding up to this size, a pool thread that goes idle
-/// gives memory back (pool/thread.rs).
+/// gives memory back (thread/run.rs).
 pub const LARGE: usize = 1024 * 1024;
 
 /// The arguments of the tasks of one push: one part of `bytes` per task,
@@ -68,7 +68,7 @@ pub struct Payload {
 
 /// A pool thread's result strings that the event loop reads in place.
 /// Dropping it, on whichever thread, tells the pool thread to let go of
-/// them; the thread keeps its Lua state alive until it has (pool/thread.rs).
+/// them; the thread keeps its Lua state alive until it has (thread/run.rs).
 pub struct Pinned {
     key: PinKey,
     back: Sender<PinKey>,

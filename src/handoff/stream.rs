@@ -9,7 +9,7 @@
 //! read takes a chunk or, finding none, marks that it wants one (`want`)
 //! and waits on its record's semaphore; the next chunk then sends the
 //! record's id on the worker's ready channel and wakes the event loop
-//! (ngx/notify.rs), which posts that semaphore (worker/tasks.rs). The
+//! (handoff/notify.rs), which posts that semaphore (worker/tasks.rs). The
 //! handler's results come back as any task's do, after its last chunk:
 //! a read takes the chunks first, so they always come before the results.
 //!
@@ -67,7 +67,7 @@ struct Queue {
     /// The caller wrote its last chunk (close_write).
     input_ended: bool,
     /// Copies of what crossed, for a shadow to run and compare again
-    /// (pool/shadow.rs); None unless the stream was sampled.
+    /// (thread/shadow.rs); None unless the stream was sampled.
     recorded: Option<Recorded>,
 }
 

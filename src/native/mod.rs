@@ -215,7 +215,7 @@ unsafe extern "C" fn cancelled(task: *const abi::ngx_tp_task_t) -> c_int {
 }
 
 /// `task->send`: hands a copy of the chunk to the stream of the task this
-/// thread runs (handoff::stream, which pool/thread.rs marks for the run).
+/// thread runs (handoff::stream, which thread/run.rs marks for the run).
 unsafe extern "C" fn send(_task: *const abi::ngx_tp_task_t, data: *const u8, len: usize) -> c_int {
     guard::catch(|| {
         if len > MAX_PAYLOAD {
@@ -230,7 +230,7 @@ unsafe extern "C" fn send(_task: *const abi::ngx_tp_task_t, data: *const u8, len
                     bytes: bytes.to_vec(),
                     ..Payload::default()
                 };
-                match s.send(chunk, crate::ngx::notify::wake) {
+                match s.send(chunk, crate::handoff::notify::wake) {
                     Ok(_) => abi::OK,
                     Err(_) => abi::CANCELLED,
                 }
@@ -246,24 +246,26 @@ unsafe extern "C" fn receive(
     out: *mut abi::ngx_tp_out_t,
 ) -> c_int {
     guard::catch(|| {
-        stream::with_serving(|s| match s.map(|s| s.receive(crate::ngx::notify::wake)) {
-            None => abi::NO_STREAM,
-            Some(Err(_)) => abi::CANCELLED,
-            Some(Ok(None)) => abi::END,
-            Some(Ok(Some(chunk))) => {
-                // SAFETY: out is the library's writer, as the header says;
-                // a chunk written on the event loop borrows nothing.
-                let written = unsafe {
-                    (*out)
-                        .write
-                        .map(|write| write(out, chunk.bytes.as_ptr(), chunk.bytes.len()))
-                };
-                match written {
-                    Some(0) => abi::OK,
-                    _ => abi::ERROR,
+        stream::with_serving(
+            |s| match s.map(|s| s.receive(crate::handoff::notify::wake)) {
+                None => abi::NO_STREAM,
+                Some(Err(_)) => abi::CANCELLED,
+                Some(Ok(None)) => abi::END,
+                Some(Ok(Some(chunk))) => {
+                    // SAFETY: out is the library's writer, as the header says;
+                    // a chunk written on the event loop borrows nothing.
+                    let written = unsafe {
+                        (*out)
+                            .write
+                            .map(|write| write(out, chunk.bytes.as_ptr(), chunk.bytes.len()))
+                    };
+                    match written {
+                        Some(0) => abi::OK,
+                        _ => abi::ERROR,
+                    }
                 }
-            }
-        })
+            },
+        )
     })
     .unwrap_or(abi::ERROR)
 }

@@ -59,7 +59,7 @@ pub struct LuaModule {
     /// The version of the PCRE its ngx.re uses ("8.39 2016-06-14",
     /// "10.42 2022-12-11"); None when it was built without PCRE.
     pub pcre_version: Option<unsafe extern "C" fn() -> *const c_char>,
-    /// Its public API for other modules (api/ngx_http_lua_api.h): the main
+    /// Its public API for other modules (api/ngx_http_lua_inject.h): the main
     /// VM of the configuration `cf` belongs to, null before the lua
     /// module's postconfiguration made it (and under `nginx -t`).
     pub get_global_state: unsafe extern "C" fn(cf: *mut sys::ngx_conf_t) -> *mut lua_State,
@@ -77,7 +77,7 @@ pub struct LuaModule {
     /// Its resources less its waiting coroutines (lua-resty-core's
     /// `semaphore:count()`).
     pub sema_count: unsafe extern "C" fn(sem: *mut RawSema) -> c_int,
-    /// The public API for modules that extend ngx_lua (api/ngx_http_lua_api.h).
+    /// The public API for modules that extend ngx_lua (api/ngx_http_lua_inject.h).
     pub get_request: unsafe extern "C" fn(l: *mut lua_State) -> *mut sys::ngx_http_request_t,
     pub add_package_preload: unsafe extern "C" fn(
         cf: *mut sys::ngx_conf_t,
@@ -251,7 +251,7 @@ fn check_version(version: i64) -> Result<(), String> {
 /// it in a table of a scratch state (its public number, read without
 /// knowing the module's layout).
 fn lua_module_version(inject_config_api: Inject) -> Result<i64, String> {
-    let lua = crate::lua::scratch_state();
+    let lua = crate::luajit::scratch_state();
     let read = || -> mlua::Result<i64> {
         let ngx = lua.create_table()?;
         // SAFETY: exec_raw runs the closure protected, with `ngx` alone on

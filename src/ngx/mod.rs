@@ -1,4 +1,5 @@
-//! The nginx boundary: generated bindings and small wrappers that own nothing.
+//! The nginx boundary: generated bindings and small wrappers over nginx's
+//! and lua-nginx-module's structures and calls.
 //!
 //! Where else `unsafe` is, and why: the table in lib.rs's module doc.
 
@@ -11,12 +12,11 @@ pub mod http;
 pub mod http_locations;
 pub mod log;
 pub mod lua;
-pub mod lua_api;
+pub mod lua_inject;
 pub mod lua_symbols;
 pub mod module;
-pub mod notify;
 pub mod os;
-pub mod pool;
+pub mod palloc;
 pub mod shim;
 pub mod shm;
 pub mod thread_pool;

@@ -47,7 +47,7 @@ impl Request {
             if let Some(value) = NonNull::new((*slot).cast::<T>()) {
                 return Some(value);
             }
-            let value = super::pool::adopt((*r).pool, T::default())?;
+            let value = super::palloc::adopt((*r).pool, T::default())?;
             *slot = value.as_ptr().cast::<c_void>();
             Some(value)
         }

@@ -11,7 +11,7 @@ local error = error
 local setmetatable = setmetatable
 local tostring = tostring
 
--- ngx_tp_ names only (see ngx_api.rs).
+-- ngx_tp_ names only (see ngx_table.rs).
 ffi.cdef [[
 bool ngx_tp_task_cancelled(void) asm("ngx_threadpool_task_cancelled");
 ]]

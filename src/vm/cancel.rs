@@ -103,8 +103,9 @@ unsafe extern "C-unwind" fn send(l: *mut lua_State) -> c_int {
         );
         let err = match encoded {
             Ok(_) => {
-                let sent =
-                    stream::with_serving(|s| s.map(|s| s.send(chunk, crate::ngx::notify::wake)));
+                let sent = stream::with_serving(|s| {
+                    s.map(|s| s.send(chunk, crate::handoff::notify::wake))
+                });
                 if let Some(Ok(_)) = sent {
                     lua::lua_pushboolean(l, 1);
                     return 1;
@@ -135,7 +136,7 @@ unsafe extern "C-unwind" fn receive(l: *mut lua_State) -> c_int {
             lua::lua_error(l);
         }
         lua::lua_settop(l, 0);
-        let got = stream::with_serving(|s| s.map(|s| s.receive(crate::ngx::notify::wake)));
+        let got = stream::with_serving(|s| s.map(|s| s.receive(crate::handoff::notify::wake)));
         let err = match got {
             Some(Ok(Some(chunk))) => match codec::push_values(l, &chunk.bytes, &chunk.spans) {
                 Ok(n) => return n as c_int,

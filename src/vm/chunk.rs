@@ -36,7 +36,7 @@ impl Chunk {
 /// errors, and finds its style.
 pub fn check(chunk: &Chunk) -> Result<Style, String> {
     // the jit library, for jit.util
-    let lua = crate::lua::scratch_state();
+    let lua = crate::luajit::scratch_state();
     let f = chunk.load(&lua)?;
     style_of(&lua, &f)
 }

@@ -13,16 +13,16 @@
 
 pub mod cancel;
 pub mod chunk;
-mod ngx_api;
 mod ngx_re;
+mod ngx_table;
 mod task;
 
-pub use ngx_api::NgxEnv;
 pub use ngx_re::{Pcre, RegexEnv, DEFAULT_REGEX_MAX_ERR_LEN};
+pub use ngx_table::NgxEnv;
 
 use crate::codec::{self, CodecError, Span};
 use crate::handoff::outcome::{Cancel, Outcome, PinKey, Ran};
-use crate::lua::call::{CFunction, Status};
+use crate::luajit::call::{CFunction, Status};
 use crate::ngx::log::Log;
 use chunk::{error_text, Chunk, Style};
 use mlua::ffi::{self, lua_State};
@@ -63,7 +63,7 @@ pub struct ThreadVm {
     /// Dropped after `lua` (fields drop in this order): the state closes
     /// with its allocator.
     _lua: Lua,
-    allocator: crate::lua::Allocator,
+    allocator: crate::luajit::Allocator,
 }
 
 static NEXT_PIN: AtomicU64 = AtomicU64::new(1);
@@ -79,7 +79,7 @@ impl ThreadVm {
         log: Option<Log>,
         zero_copy: Option<usize>,
     ) -> Result<ThreadVm, String> {
-        let (lua, allocator) = crate::lua::new_thread_state().map_err(|e| error_text(&e))?;
+        let (lua, allocator) = crate::luajit::new_thread_state().map_err(|e| error_text(&e))?;
         let built = build(&lua, spec, pool, log);
         match built {
             Ok((l, refs, calls)) => Ok(ThreadVm {
@@ -210,7 +210,7 @@ fn build(
             package.set(key, s).map_err(|e| error_text(&e))?;
         }
     }
-    ngx_api::install(lua, pool, log, &spec.ngx).map_err(|e| error_text(&e))?;
+    ngx_table::install(lua, pool, log, &spec.ngx).map_err(|e| error_text(&e))?;
     cancel::install(lua).map_err(|e| error_text(&e))?;
     let ngx: mlua::Table = lua.globals().get("ngx").map_err(|e| error_text(&e))?;
     let log: mlua::Function = ngx.get("log").map_err(|e| error_text(&e))?;

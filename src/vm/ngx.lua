@@ -1,5 +1,5 @@
 -- ngx.log and print of a pool thread. The constants, ngx.null and the rest
--- come from lua-nginx-module itself (ngx_api.rs); these two are ours so that
+-- come from lua-nginx-module itself (ngx_table.rs); these two are ours so that
 -- a thread's log lines name its pool. They format their arguments as the lua
 -- module's log_wrapper (ngx_http_lua_log.c, 0.10.23) does, so the same call
 -- writes the same message in a thread and on the event loop.
@@ -25,7 +25,7 @@ local getinfo = debug.getinfo
 local getfenv = debug.getfenv
 local getmetatable = debug.getmetatable
 
--- ngx_tp_ names only (see ngx_api.rs).
+-- ngx_tp_ names only (see ngx_table.rs).
 ffi.cdef [[
 int ngx_tp_snprintf(char *str, size_t size, const char *format, ...)
     asm("snprintf");

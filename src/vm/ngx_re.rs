@@ -11,7 +11,7 @@
 //! which has its own globals. PCRE2 has no such globals (allocators come
 //! with contexts), but one way for both keeps one code path.
 
-use crate::ngx::lua_api::regex_cache_max_entries;
+use crate::ngx::lua_inject::regex_cache_max_entries;
 use crate::ngx::os::PrivateLib;
 use mlua::{LightUserData, Lua, Table, Value};
 use std::ffi::{CStr, CString};
@@ -132,7 +132,7 @@ mod tests {
             }
             tried += 1;
             // ffi is needed by ngx_re.lua, as in a pool thread
-            let lua = crate::lua::scratch_state();
+            let lua = crate::luajit::scratch_state();
             let ngx = lua.create_table().unwrap();
             let env = RegexEnv {
                 pcre: Some(pcre),

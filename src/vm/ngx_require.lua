@@ -18,7 +18,7 @@ local tonumber = tonumber
 local floor = math.floor
 local insert = table.insert
 
--- ngx_tp_ names only (see ngx_api.rs).
+-- ngx_tp_ names only (see ngx_table.rs).
 ffi.cdef [[
 typedef struct {
     long tv_sec;

@@ -8,7 +8,7 @@
 use super::chunk::{Chunk, Style};
 use crate::codec::{self, Borrow, CodecError, Source, Span};
 use crate::handoff::outcome::Outcome;
-use crate::lua::call::{argument, plain_text};
+use crate::luajit::call::{argument, plain_text};
 use mlua::ffi::{self, lua_State};
 use std::ffi::{c_int, CString};
 

@@ -25,9 +25,10 @@
 
 use crate::ngx::accept::{self, now_ms, Nudge};
 use crate::ngx::log;
+use crate::stats::gate::{GateShared, GateSlot};
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 
 /// How often a paused worker looks at the other workers' loads, when its
 /// own events do not make it look: when they fill up during a burst of
@@ -53,43 +54,6 @@ impl Marks {
         let high = high.unwrap_or(2 * threads.max(1));
         let low = low.unwrap_or(threads.max(1)).min(high.saturating_sub(1));
         Marks { high, low }
-    }
-}
-
-/// The shared count of paused workers.
-#[repr(C)]
-#[derive(Default)]
-pub struct GateShared {
-    pub paused_workers: AtomicU64,
-}
-
-/// One worker's gate, in shared memory: for the other workers' decisions
-/// and for `thread_pool_status`.
-#[repr(C)]
-#[derive(Default)]
-pub struct GateSlot {
-    /// 1 while this worker runs the gate.
-    pub active: AtomicU64,
-    pub paused: AtomicU64,
-    pub pauses: AtomicU64,
-    /// Milliseconds paused, over ended pauses.
-    pub paused_ms: AtomicU64,
-    /// nginx's monotonic clock (ms) when the current pause began.
-    pub paused_since: AtomicU64,
-    /// Tasks outstanding plus connections pending, at the last check.
-    pub load: AtomicU64,
-    /// Connections accepted on http listening sockets.
-    pub accepted: AtomicU64,
-}
-
-impl GateSlot {
-    /// Milliseconds paused so far, the current pause included.
-    pub fn paused_ms_now(&self) -> u64 {
-        let mut ms = self.paused_ms.load(Relaxed);
-        if self.paused.load(Relaxed) != 0 {
-            ms += now_ms().saturating_sub(self.paused_since.load(Relaxed));
-        }
-        ms
     }
 }
 

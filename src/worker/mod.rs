@@ -2,29 +2,28 @@
 //! channels), its task records and the completions coming back.
 //!
 //! Each pool has a crossbeam channel of jobs read by its threads
-//! (pool/thread.rs), unbounded: the bound, `max_queue`, is counted in the
+//! (thread/run.rs), unbounded: the bound, `max_queue`, is counted in the
 //! pool's stats as tasks are pushed (`reserve`). Every thread posts
 //! completions to the one completion channel of the worker and wakes the
-//! event loop (ngx/notify.rs), which drains them into the task records
+//! event loop (handoff/notify.rs), which drains them into the task records
 //! (tasks.rs).
 
 mod error;
 pub mod gate;
-pub mod start;
-pub mod stats;
+pub mod process;
 pub mod tasks;
 
+use crate::stats::{self, PoolStats};
 pub use error::{WorkerError, OVERLOADED};
-use stats::PoolStats;
 
-use crate::handoff::job::{Job, TaskId, POSTED};
+use crate::handoff::job::{Job, PushId, POSTED};
 use crate::handoff::payload::Args;
 use crate::handoff::stream::Stream;
 use crate::ngx::log;
-use crate::pool::handler::Spec;
-use crate::pool::shadow::{self, Shadow};
-use crate::pool::thread::{self as threads, thread_main, THREAD_STACK_SIZE};
-use crate::pool::watchdog;
+use crate::thread::handler::Spec;
+use crate::thread::run::{self as threads, thread_main, THREAD_STACK_SIZE};
+use crate::thread::shadow::{self, Shadow};
+use crate::thread::watchdog;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,7 +53,7 @@ pub struct Worker {
     pools: Vec<Pool>,
     completions: Receiver<Job>,
     /// Streams whose reader wanted a chunk and got one (stream.rs).
-    ready: (Sender<TaskId>, Receiver<TaskId>),
+    ready: (Sender<PushId>, Receiver<PushId>),
     pub tasks: Tasks,
     /// The last anchor key handed out (see `anchor_key`).
     anchors: u64,
@@ -270,7 +269,7 @@ impl Worker {
         anchor: u64,
         deadline: Option<Duration>,
         stream: Option<usize>,
-    ) -> Result<TaskId, WorkerError> {
+    ) -> Result<PushId, WorkerError> {
         if caller.is_none() {
             // posted pushes come back only this way (see drain)
             self.drain();
@@ -374,7 +373,7 @@ pub fn drain() {
 }
 
 /// Whether the event loop should poll for completions before it sleeps
-/// (ngx/notify.rs): callers wait for some, and no more pushes than threads,
+/// (handoff/notify.rs): callers wait for some, and no more pushes than threads,
 /// so each can be running and its completion comes when its handler
 /// returns. With more, completions come at the pace of the busy threads,
 /// and a polling event loop would take a core they need.

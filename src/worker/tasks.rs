@@ -7,14 +7,14 @@
 //! killed is found gone by that completion (no one waits on its semaphore). The
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
-use super::stats::PoolStats;
 use super::{with_worker, WorkerError};
-use crate::handoff::job::{Job, TaskId, Work};
+use crate::handoff::job::{Job, PushId, Work};
 use crate::handoff::payload::KEEP;
 use crate::handoff::payload::{Args, Payload};
 use crate::handoff::stream::{Taken, Written};
 use crate::ngx::log;
 use crate::ngx::lua::Sema;
+use crate::stats::PoolStats;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -122,7 +122,7 @@ pub struct Tasks {
     /// running for a caller that stopped waiting (its completion frees
     /// it) or finished with results it never took (its next push frees
     /// it).
-    newest: HashMap<usize, TaskId, BuildHasherDefault<AddressHasher>>,
+    newest: HashMap<usize, PushId, BuildHasherDefault<AddressHasher>>,
 }
 
 /// Hashes a coroutine's address: one multiplication, whose high bits
@@ -178,11 +178,11 @@ fn kept_size(buf: &Vec<u8>) -> bool {
     buf.capacity() <= KEEP
 }
 
-fn split(id: TaskId) -> (u32, u32) {
+fn split(id: PushId) -> (u32, u32) {
     ((id >> 32) as u32, id as u32)
 }
 
-fn join(gen: u32, index: u32) -> TaskId {
+fn join(gen: u32, index: u32) -> PushId {
     (u64::from(gen) << 32) | u64::from(index)
 }
 
@@ -204,7 +204,7 @@ impl Tasks {
     /// `result_buffer`).
     pub fn work(
         &mut self,
-        task: TaskId,
+        task: PushId,
         pool: usize,
         args: Args,
         deadline: Option<Duration>,
@@ -257,7 +257,7 @@ impl Tasks {
         pool: usize,
         anchor: u64,
         stream: bool,
-    ) -> Result<TaskId, WorkerError> {
+    ) -> Result<PushId, WorkerError> {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -313,7 +313,7 @@ impl Tasks {
 
     /// The record `caller` waits on: its coroutine's newest, while that
     /// is on its request's list (running or done).
-    pub fn of(&self, caller: Caller) -> Option<TaskId> {
+    pub fn of(&self, caller: Caller) -> Option<PushId> {
         let id = *self.newest.get(&(caller.co as usize))?;
         let (gen, index) = split(id);
         let slot = &self.slots[index as usize];
@@ -322,7 +322,7 @@ impl Tasks {
 
     /// The stream record `id` when `caller` pushed it and it is still on
     /// its request's list: a handle from Lua reaches no other caller's.
-    pub fn stream_of(&self, caller: Caller, id: TaskId) -> Option<TaskId> {
+    pub fn stream_of(&self, caller: Caller, id: PushId) -> Option<PushId> {
         let slot = self.slot(id)?;
         let mine = slot.stream && slot.owner == caller.tasks && slot.waiter == caller.co;
         mine.then_some(id)
@@ -331,7 +331,7 @@ impl Tasks {
     /// What a read of stream `id` (see stream_of) finds: its next chunk,
     /// else its results once its handler returned, else Wait, with the
     /// stream marked as wanting a chunk.
-    pub fn read_stream(&mut self, id: TaskId) -> Read {
+    pub fn read_stream(&mut self, id: PushId) -> Read {
         let Some(slot) = self.slot(id) else {
             return Read::Gone;
         };
@@ -355,7 +355,7 @@ impl Tasks {
 
     /// Writes a caller's chunk to stream `id` (see stream_of): Ended once
     /// its handler returned.
-    pub fn write_stream(&mut self, id: TaskId, chunk: Payload, wait: bool) -> Written {
+    pub fn write_stream(&mut self, id: PushId, chunk: Payload, wait: bool) -> Written {
         let Some(slot) = self.slot(id).filter(|s| s.state == State::Running) else {
             return Written::Ended;
         };
@@ -372,7 +372,7 @@ impl Tasks {
     }
 
     /// The caller of stream `id` wrote its last chunk.
-    pub fn end_input(&mut self, id: TaskId) {
+    pub fn end_input(&mut self, id: PushId) {
         if let Some(stream) = self.slot(id).and_then(|s| s.work.as_ref()?.stream.as_ref()) {
             stream.end_input();
         }
@@ -381,7 +381,7 @@ impl Tasks {
     /// A chunk reached stream `id`, whose reader wanted one, or its
     /// handler made room for a writer that waits: resumes the caller if it
     /// still waits.
-    pub fn stream_ready(&mut self, id: TaskId) {
+    pub fn stream_ready(&mut self, id: PushId) {
         let Some(slot) = self.slot(id) else {
             return;
         };
@@ -393,7 +393,7 @@ impl Tasks {
         }
     }
 
-    fn slot(&self, id: TaskId) -> Option<&Slot> {
+    fn slot(&self, id: PushId) -> Option<&Slot> {
         let (gen, index) = split(id);
         self.slots
             .get(index as usize)
@@ -401,14 +401,14 @@ impl Tasks {
     }
 
     /// Hands the record the push's tasks, once they are queued.
-    pub fn set_work(&mut self, id: TaskId, work: Job) {
+    pub fn set_work(&mut self, id: PushId, work: Job) {
         let (gen, index) = split(id);
         if let Some(slot) = self.slots.get_mut(index as usize).filter(|s| s.gen == gen) {
             slot.work = Some(work);
         }
     }
 
-    pub fn sema(&self, id: TaskId) -> Option<&Sema> {
+    pub fn sema(&self, id: PushId) -> Option<&Sema> {
         self.slot(id).and_then(|s| s.sema.as_ref())
     }
 
@@ -439,7 +439,7 @@ impl Tasks {
 
     /// Takes the results of a Done task, with its anchor key, and frees
     /// the record.
-    pub fn take_result(&mut self, id: TaskId) -> Option<(Vec<Payload>, u64)> {
+    pub fn take_result(&mut self, id: PushId) -> Option<(Vec<Payload>, u64)> {
         let (gen, index) = split(id);
         let slot = self.slots.get_mut(index as usize)?;
         if slot.gen != gen || slot.state != State::Done {
@@ -512,7 +512,7 @@ impl Tasks {
     /// The caller is done with the task: a finished record is freed, a
     /// running one is abandoned (its completion will free it) and its tasks
     /// not started yet are skipped.
-    pub fn release(&mut self, id: TaskId, why: Release) -> Option<Job> {
+    pub fn release(&mut self, id: PushId, why: Release) -> Option<Job> {
         let (gen, index) = split(id);
         let slot = self.slots.get(index as usize)?;
         if slot.gen != gen {

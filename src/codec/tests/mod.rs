@@ -93,7 +93,7 @@ const HELPERS: &str = r##"
 /// A state with ffi, as a pool thread's, plus the helpers and `null`:
 /// the NULL light userdata that ngx.null is.
 fn new_lua() -> mlua::Result<Lua> {
-    let lua = crate::lua::scratch_state();
+    let lua = crate::luajit::scratch_state();
     lua.globals().set("null", Value::NULL)?;
     lua.load(HELPERS).exec()?;
     Ok(lua)

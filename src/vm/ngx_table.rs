@@ -1,6 +1,6 @@
 //! Installs the thread's `ngx` table: what lua-nginx-module injects itself
-//! (ngx::lua_api), ngx.log and print (ngx.lua), the request-free API over the
-//! lua module's FFI functions (ngx_thread_api.lua) and errors for the rest
+//! (ngx::lua_inject), ngx.log and print (ngx.lua), the request-free API over the
+//! lua module's FFI functions (ngx_ffi.lua) and errors for the rest
 //! (ngx_unavailable.lua).
 //!
 //! A LuaJIT state has one C namespace, where the first `ffi.cdef` of a name
@@ -11,7 +11,7 @@
 //! too (tests/ffi_namespace.rs).
 
 use crate::ngx::log::{self, Log, NGX_LOG_DEBUG};
-use crate::ngx::lua_api::{self, LuaConf, WorkerInfo};
+use crate::ngx::lua_inject::{self, LuaConf, WorkerInfo};
 use mlua::{Lua, Value};
 
 /// What a thread's `ngx` needs from the event loop, taken at init_process.
@@ -32,7 +32,7 @@ pub struct NgxEnv {
 /// the pool's name, or to stderr when there is none (unit tests).
 pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::Result<()> {
     let ngx = lua.create_table()?;
-    lua_api::inject(lua, &ngx, env.lua_conf)?;
+    lua_inject::inject(lua, &ngx, env.lua_conf)?;
 
     let prim = lua.create_table()?;
     let suffix = log::pool_suffix(pool);
@@ -67,7 +67,7 @@ pub fn install(lua: &Lua, pool: &str, log: Option<Log>, env: &NgxEnv) -> mlua::R
         .load(include_str!("ngx.lua"))
         .set_name("=ngx_threadpool.ngx")
         .call((&ngx, &prim))?;
-    lua.load(include_str!("ngx_thread_api.lua"))
+    lua.load(include_str!("ngx_ffi.lua"))
         .set_name("=ngx_threadpool.api")
         .call::<()>((&ngx, &prim))?;
     let re_internal = super::ngx_re::install(lua, &ngx, env.regex)?;

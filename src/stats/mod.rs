@@ -3,10 +3,12 @@
 //! lock, and `tp.NAME:stats()` reads them. Laid out as plain C data (u64s),
 //! so that they can live in memory shared with other processes later.
 
-use super::gate::{GateShared, GateSlot};
+pub mod gate;
+
 use crate::ngx::http;
 use crate::ngx::shm::Zone;
 use crate::ngx::sys;
+use gate::{GateShared, GateSlot};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -168,7 +170,7 @@ pub struct PoolStats {
     pub run: Histogram,
     /// With a shadow (`thread_pool_shadow`): tasks whose results were
     /// compared, those that differed, and those not compared because the
-    /// shadow's queue was full (pool/compare.rs, pool/shadow.rs).
+    /// shadow's queue was full (thread/compare.rs, thread/shadow.rs).
     pub shadow_compared: AtomicU64,
     pub shadow_mismatched: AtomicU64,
     pub shadow_skipped: AtomicU64,

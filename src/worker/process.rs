@@ -4,7 +4,7 @@
 
 use crate::conf::{self, MainConf};
 use crate::ngx::{self, sys};
-use crate::pool::handler;
+use crate::thread::handler;
 use crate::{vm, worker};
 
 /// What the pool threads' `ngx` takes from the event loop's.
@@ -17,16 +17,16 @@ unsafe fn thread_ngx_env(cycle: *mut sys::ngx_cycle_t, vm: Option<ngx::lua::Main
     // init_process, with the cycle configured and the main VM idle.
     let (lua_conf, resty_core) = unsafe {
         (
-            ngx::lua_api::LuaConf::of(cycle),
+            ngx::lua_inject::LuaConf::of(cycle),
             vm.and_then(|vm| vm.resty_core()),
         )
     };
-    let pcre_version = ngx::lua_api::pcre_version();
+    let pcre_version = ngx::lua_inject::pcre_version();
     vm::NgxEnv {
         lua_conf,
         // SAFETY: the event loop's init_process (the contract), where the
         // worker's pid, slot and core conf are set.
-        worker: unsafe { ngx::lua_api::WorkerInfo::current() },
+        worker: unsafe { ngx::lua_inject::WorkerInfo::current() },
         regex: vm::RegexEnv {
             pcre: pcre_version.as_deref().and_then(vm::Pcre::of_version),
             // SAFETY: the configuration is read (init_process).
@@ -90,7 +90,7 @@ pub unsafe fn init_process(
         .collect();
     let me = ngx::http::worker_number();
     let started = specs.and_then(|specs| {
-        ngx::notify::install(worker::drain, worker::awaiting)?;
+        crate::handoff::notify::install(worker::drain, worker::awaiting)?;
         let shared = conf.status.as_ref().and_then(|t| t.row(me));
         worker::Worker::start(specs, shared).map_err(|e| e.to_string())
     });

@@ -19,8 +19,8 @@
 //! the eventfd only while the event loop sleeps: while it runs, it takes
 //! their completions itself before it waits again.
 
-use super::sys;
-use crate::handoff::spin::Spin;
+use super::spin::Spin;
+use crate::ngx::sys;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -286,7 +286,7 @@ unsafe extern "C" fn dispatch(ev: *mut sys::ngx_event_t) {
 }
 
 unsafe extern "C" fn on_wake(_ev: *mut sys::ngx_event_t) {
-    super::guard::no_unwind("completion handler", (), || {
+    crate::ngx::guard::no_unwind("completion handler", (), || {
         // Clear first: a completion posted after this point sends another
         // wake-up, one posted before is drained below.
         // swap, not store: the acquire pairs with the threads' swap, so every

@@ -10,7 +10,7 @@
 //! malloc arena), and from then on every allocation of the state that
 //! would grow fails too, so that the handler's Lua, which may catch the
 //! error, cannot eat that room again. The thread closes a spent state
-//! after the task (pool/thread.rs).
+//! after the task (thread/run.rs).
 //!
 //! mlua's allocator is Rust's global allocator, which on Linux is the same
 //! malloc, realloc and free: blocks from either can be resized and freed by

@@ -5,9 +5,10 @@
 //! event loop. shadow.rs is POOL's half.
 
 use crate::codec::{self, Span};
+use crate::handoff::job::Expectation;
 use crate::handoff::payload::{Args, Payload};
-use crate::lua::stack::Op;
-use crate::worker::stats::PoolStats;
+use crate::luajit::stack::Op;
+use crate::stats::PoolStats;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
@@ -162,15 +163,10 @@ impl Expected {
         };
         (Args { bytes, spans, ends }, expected)
     }
+}
 
-    /// Compares SHADOW's `got` (its handler ran on `args`) and, for a
-    /// stream, the chunks it sent, with POOL's, and counts; a mismatch's
-    /// log line, when one is due.
-    ///
-    /// # Safety
-    /// `args` must be the arguments `task` returned with self (their spans
-    /// point into `_args_held`).
-    pub unsafe fn check(&self, args: &Args, got: &Payload, chunks: &[Payload]) -> Option<String> {
+impl Expectation for Expected {
+    unsafe fn check(&self, args: &Args, got: &Payload, chunks: &[Payload]) -> Option<String> {
         let counts = self.pair.counts;
         PoolStats::add(&counts.shadow_compared);
         let want = self.result.values();

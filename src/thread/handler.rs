@@ -1,4 +1,4 @@
-//! The seam between a pool thread's loop (pool/thread.rs) and its
+//! The seam between a pool thread's loop (thread/run.rs) and its
 //! handler, of whichever kind its pool runs: a Lua state (vm/) or a
 //! native library's state (native/). The loop
 //! builds one handler per thread, runs tasks on it, lets go of result

@@ -9,7 +9,7 @@ use std::fmt;
 /// holding it.
 pub use ngx_threadpool_wire::{EXT_BORROWED as BORROWED, MAX_DEPTH, MAX_PAYLOAD, MAX_VALUES};
 
-pub use crate::lua::NOT_ENOUGH_MEMORY;
+pub use crate::luajit::NOT_ENOUGH_MEMORY;
 
 /// Bytes of a borrowed string's ext in the payload (fixext 4).
 pub(super) const BORROWED_EXT_LEN: usize = 6;
@@ -18,7 +18,7 @@ pub(super) const BORROWED_EXT_LEN: usize = 6;
 /// keeps their bytes alive and unchanged until the payload is done with:
 /// the shim anchors a caller's strings until the task's completion reaches
 /// the event loop; a pool thread pins its result strings until the event
-/// loop drops the result (pool/thread.rs).
+/// loop drops the result (thread/run.rs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Span {

@@ -1,4 +1,4 @@
-//! A pool thread: its handler (pool/handler.rs, of whichever kind), its loop
+//! A pool thread: its handler (thread/handler.rs, of whichever kind), its loop
 //! over the pool's job channel, and how it goes idle.
 
 use super::shadow::Shadow;
@@ -6,15 +6,16 @@ use super::watchdog::Running;
 use crate::codec;
 use crate::handoff::job::Job;
 use crate::handoff::job::POSTED;
+use crate::handoff::notify;
 use crate::handoff::outcome::{self, Outcome, PinKey, Ran, OVERLOADED};
 use crate::handoff::payload::LARGE;
 use crate::handoff::payload::{Payload, Pinned};
 use crate::handoff::spin::Spin;
 use crate::handoff::stream::Stream;
 use crate::ngx::os;
-use crate::ngx::{guard, log, notify};
-use crate::pool::handler::{Handler, Spec};
-use crate::worker::stats::{PoolStats, Tally};
+use crate::ngx::{guard, log};
+use crate::stats::{PoolStats, Tally};
+use crate::thread::handler::{Handler, Spec};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

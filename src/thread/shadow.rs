@@ -14,7 +14,7 @@ use crate::conf::ShadowOptions;
 use crate::handoff::job::{Job, Work};
 use crate::handoff::payload::Payload;
 use crate::handoff::stream::{Recorded, Stream};
-use crate::worker::stats::PoolStats;
+use crate::stats::PoolStats;
 use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -131,7 +131,7 @@ impl Shadow {
         };
         let (sent, received) = stream.map_or_else(Default::default, |r| (r.sent, r.received));
         let (args, expected) = Expected::task(args, got, result.failed, sent, self.pair.clone());
-        let mut shadow = Work::shadowing(self.index, args, expected);
+        let mut shadow = Work::shadowing(self.index, args, Box::new(expected));
         if job.stream.is_some() {
             if let Some(w) = Arc::get_mut(&mut shadow) {
                 w.stream = Some(Stream::detached(received));

@@ -2,7 +2,7 @@
 //! pool threads: what the lua module builds with its own C code (constants,
 //! ngx.config, the string functions written against the Lua C API,
 //! ngx.shared with its list methods), and the worker's identity as the event
-//! loop sees it. vm/ngx_thread_api.lua adds what lua-resty-core builds over
+//! loop sees it. vm/ngx_ffi.lua adds what lua-resty-core builds over
 //! the lua module's FFI functions.
 //!
 //! The inject functions are the ones lua-nginx-module itself runs on the
@@ -17,7 +17,7 @@
 //!   stack (its static buffer is only used for a NULL output).
 //! - ngx.shared: the zones list is configuration data, read once here. The
 //!   list methods (lpush ... get_keys) take the zone's shm mutex like every
-//!   shared dict call; see ngx_thread_api.lua for why that mutex holds
+//!   shared dict call; see ngx_ffi.lua for why that mutex holds
 //!   between threads of one process.
 
 use super::lua_symbols::get as lua_module;

@@ -4,6 +4,6 @@
 
 pub mod compare;
 pub mod handler;
+pub mod run;
 pub mod shadow;
-pub mod thread;
 pub mod watchdog;

@@ -343,7 +343,7 @@ ngx.worker = {
     exiting = function() return worker_exiting_c() ~= 0 end,
 }
 
--- Shared dicts: ngx_api.rs injected ngx.shared with the lua module's own
+-- Shared dicts: ngx_table.rs injected ngx.shared with the lua module's own
 -- list methods; the others are lua-resty-core's, over FFI, added here.
 
 local shared = ngx.shared
