@@ -17,9 +17,6 @@ DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
 # nginx resolves a relative load_module path against its prefix.
 TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
-# As root, nginx would run its workers as nobody, who may not read a
-# checkout in a private directory.
-RUN_USER := $(shell [ "$$(id -u)" = 0 ] && echo 'user root;')
 
 .PHONY: deps build test test-stress test-trixie test-forky test-openresty test-lua-releases deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
@@ -92,21 +89,10 @@ LUA_RELEASE_TESTS := readme basic batch post stream lifetime cancel lifecycle ph
 # PCRE 8's headers (0.10.24 and 0.10.25 use its API) and ngx_devel_kit's.
 LUA_RELEASE_PACKAGES := libpcre3-dev libnginx-mod-http-ndk-dev
 # The test binaries are make test's (the same nginx tree and target/): only
-# the lua module loaded changes (NGX_TP_LUA_MODULE). Every release runs;
-# the failed ones are named at the end.
+# the lua module loaded changes (matrix/lua-releases.sh).
 test-lua-releases: build
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(LUA_RELEASE_PACKAGES)"
-	cargo test --release --no-run $(addprefix --test ,$(LUA_RELEASE_TESTS))
-	@failed=; for v in $(LUA_RELEASES); do \
-		start=$$(date +%s); \
-		if so=$$(matrix/lua-module.sh $$v); then \
-			built=$$(date +%s); echo "lua-nginx-module $$v: $$so ($$((built - start)) s)"; \
-			NGX_TP_LUA_MODULE=$$so cargo test --release --no-fail-fast $(addprefix --test ,$(LUA_RELEASE_TESTS)) \
-				-- --test-threads=2 || failed="$$failed $$v"; \
-			echo "lua-nginx-module $$v: tests $$(($$(date +%s) - built)) s"; \
-		else failed="$$failed $$v (build)"; fi; \
-	done; \
-	if [ -n "$$failed" ]; then echo "test-lua-releases failed on:$$failed" >&2; exit 1; fi
+	LUA_RELEASES="$(LUA_RELEASES)" LUA_RELEASE_TESTS="$(LUA_RELEASE_TESTS)" matrix/lua-releases.sh
 # Every row, one after the other (.ci/run): the quick ones first.
 test-matrix: test test-lua-releases deb-test test-openresty test-trixie test-forky
 
@@ -135,41 +121,15 @@ lint: deps
 	/usr/bin/python3 -B docs/check.py
 
 # nginx in the foreground on 127.0.0.1:RUN_PORT with nginx-conf/demo.conf,
-# under the prefix RUN_DIR. NGINX is the nginx to run (NGX_TP_NGINX, as the
-# tests take it, else the one on PATH); where the lua module is compiled
-# into it (OpenResty's shape: an --add-module of lua-nginx-module-* or, in
-# OpenResty's bundle, ngx_lua-*), the demo loads no lua module of its own,
-# else Debian's or the one NGX_TP_LUA_MODULE names, as the tests do
-# (tests/common's lua_built_in and lua_module_lines).
+# under the prefix RUN_DIR (nginx-conf/run.sh: which nginx, which lua
+# module).
 RUN_DIR ?= $(CURDIR)/target/run
 RUN_PORT ?= 8080
-NGINX ?= $(or $(NGX_TP_NGINX),nginx)
-RUN_LUA_MODULES = $(shell $(NGINX) -V 2>&1 | grep -qE -- '--add-module=[^ ]*(lua-nginx-module|ngx_lua-)' || \
-	echo 'load_module /usr/lib/nginx/modules/ndk_http_module.so; \
-	load_module $(or $(NGX_TP_LUA_MODULE),/usr/lib/nginx/modules/ngx_http_lua_module.so);')
-URL = http://127.0.0.1:$(RUN_PORT)
 run: build images
 	cargo build --release -p waf-rust
-	@mkdir -p $(RUN_DIR)/conf $(RUN_DIR)/logs $(RUN_DIR)/html
-	@cp nginx-conf/thumbs.html $(RUN_DIR)/html/
-	@sed -e 's#@MODULE@#$(MODULE)#g' -e 's#@REPO@#$(CURDIR)#g' \
-		-e 's#@TARGET@#$(TARGET_DIR)#g' -e 's#@PORT@#$(RUN_PORT)#g' \
-		-e "s#@USER@#$(RUN_USER)#g" -e 's#@LUA_MODULES@#$(RUN_LUA_MODULES)#' \
-		nginx-conf/demo.conf > $(RUN_DIR)/conf/nginx.conf
-	@cp nginx-conf/*.lua $(RUN_DIR)/conf/ 2>/dev/null || true
-	@echo "ngx_threadpool demo on $(URL)/ (Ctrl-C stops it)"
-	@echo "  curl $(URL)/static            a static page"
-	@echo "  curl '$(URL)/upper?s=foo'      FOO, from a pool thread"
-	@echo "  curl '$(URL)/sort?n=200000'    a CPU-heavy sort, offloaded"
-	@echo "  curl '$(URL)/sort-inline?n=200000'  the same sort on the event loop"
-	@echo "  curl \"$(URL)/waf/?q=1'%20OR%20'1'='1\"  403 from the WAF in a pool thread"
-	@echo "  curl \"$(URL)/waf-inline/?q=hello\"    the WAF on the event loop"
-	@echo "  curl \"$(URL)/waf-rust/?q=<script>\"   the same rules in Rust (and /metrics: the shadow's counts)"
-	@echo "  $(URL)/thumbs.html            thumbnails by ImageMagick in a pool thread and inline"
-	@echo "  curl -so /dev/null -w '%{time_starttransfer} %{time_total}\\n' '$(URL)/gzip?mb=64'"
-	@echo "       64 MiB gzipped in a pool thread, streamed as it is made (/gzip-whole: returned whole)"
-	@echo "  curl $(URL)/metrics           the pools' and the accept gate's metrics"
-	$(NGINX) -p $(RUN_DIR) -c conf/nginx.conf -g 'daemon off;'
+	@RUN_DIR=$(RUN_DIR) RUN_PORT=$(RUN_PORT) MODULE=$(MODULE) TARGET_DIR=$(TARGET_DIR) \
+		NGINX="$(NGINX)" NGX_TP_LUA_MODULE="$(NGX_TP_LUA_MODULE)" \
+		exec nginx-conf/run.sh
 
 # The thumbnail demo's images, made once by ImageMagick (no downloads):
 # three 2400x1600 originals and a 25x25 watermark. IMAGES=DIR puts them
@@ -310,61 +270,14 @@ deb: build
 	@$(MAKE) --no-print-directory package DEB_OUT=$(TARGET_DIR)/debian
 
 # The package of MODULE, built into DEB_OUT without cargo (tests/package.rs
-# packages the module cargo test built). It depends on the nginx ABI of the
-# tree the module was built against (NGX_SRC, as Debian's dh_nginx reads
-# it), on the range of lua module releases the module is tested with
-# (Cargo.toml's package.metadata.lua-nginx-module; the module checks the
-# version it finds at start-up too) and on the libraries the .so links; its
-# maintainer scripts are Debian's own for nginx modules (dh_nginx's, from
-# nginx-dev), which enable and disable the snippet. The README and the
-# docs/ it links to go to /usr/share/doc, compressed.
+# packages the module cargo test built): packaging/deb.sh, with these names.
 DEB_PKG := libnginx-mod-http-$(NAME)
 LUA_VERSION_OF = $(shell sed -n '/^\[package.metadata.lua-nginx-module\]/,/^\[/s/^$(1) = "\(.*\)"/\1/p' Cargo.toml)
-LUA_OLDEST := $(call LUA_VERSION_OF,oldest)
-LUA_NEWEST := $(call LUA_VERSION_OF,newest)
 DEB_OUT ?= $(TARGET_DIR)/debian
 DEB_VERSION := $(VERSION)-1
-DEB_ROOT = $(DEB_OUT)/root
 DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>' 2>/dev/null)
 package:
-	@test -n "$(DEB_MAINTAINER)" || { echo "set DEB_MAINTAINER='Name <email>'" >&2; exit 1; }
-	@abi=$$(sed -n 's/^nginx:abi=//p' $(NGX_SRC)/debian/libnginx-mod.abisubstvars 2>/dev/null); \
-	test -n "$$abi" || { echo "$(NGX_SRC) is not Debian's nginx-dev tree: no nginx ABI to depend on" >&2; exit 1; }; \
-	epoch=$$(dpkg-query -W -f='$${Version}' libnginx-mod-http-lua | sed -n 's/^\([0-9]*:\).*/\1/p'); \
-	oldest=$(LUA_OLDEST); after=$$(echo $(LUA_NEWEST) | awk -F. '{ print $$1 "." $$2 "." $$3 + 1 "~" }'); \
-	set -e; umask 022; rm -rf $(DEB_OUT); mkdir -p $(DEB_ROOT)/DEBIAN $(DEB_OUT)/debian; \
-	$(MAKE) --no-print-directory install-files DESTDIR=$(DEB_ROOT); \
-	strip --strip-unneeded --remove-section=.comment --remove-section=.note \
-		$(DEB_ROOT)$(MODULES_DIR)/$(MODULE_SO); \
-	install -d -m 0755 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/docs; \
-	for doc in README.md docs/*.md; do \
-		gzip -9n < $$doc > $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/$$doc.gz; \
-		chmod 0644 $(DEB_ROOT)/usr/share/doc/$(DEB_PKG)/$$doc.gz; \
-	done; \
-	printf 'Source: $(DEB_PKG)\n\nPackage: $(DEB_PKG)\nArchitecture: any\n' > $(DEB_OUT)/debian/control; \
-	shlibs=$$(cd $(DEB_OUT) && dpkg-shlibdeps -O -e root$(MODULES_DIR)/$(MODULE_SO) 2>/dev/null \
-		| sed -n 's/^shlibs:Depends=//p'); \
-	test -n "$$shlibs" || { echo "dpkg-shlibdeps found no dependencies (make deps installs dpkg-dev)" >&2; exit 1; }; \
-	for script in postinst prerm postrm; do \
-		{ printf '#!/bin/sh\nset -e\n'; \
-		  sed 's/#NAMES#/$(SNIPPET):$(ENABLED)/' /usr/share/debhelper/autoscripts/$$script-nginx; \
-		} > $(DEB_ROOT)/DEBIAN/$$script; \
-		chmod 0755 $(DEB_ROOT)/DEBIAN/$$script; \
-	done; \
-	(cd $(DEB_ROOT) && find usr -type f | sort | xargs md5sum) > $(DEB_ROOT)/DEBIAN/md5sums; \
-	{ echo "Package: $(DEB_PKG)"; \
-	  echo "Version: $(DEB_VERSION)"; \
-	  echo "Architecture: $$(dpkg --print-architecture)"; \
-	  echo "Maintainer: $(DEB_MAINTAINER)"; \
-	  echo "Installed-Size: $$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1)"; \
-	  echo "Depends: $$abi, libnginx-mod-http-lua (>= $$epoch$$oldest), libnginx-mod-http-lua (<< $$epoch$$after), lua-resty-core, $$shlibs"; \
-	  echo "Recommends: nginx"; \
-	  echo "Section: httpd"; \
-	  echo "Priority: optional"; \
-	  echo "Description: per-worker thread pools of LuaJIT states for nginx's lua module"; \
-	  echo " An nginx module that runs CPU-heavy Lua in threads of each worker,"; \
-	  echo " with a persistent LuaJIT state per thread, while the request waits"; \
-	  echo " and the event loop serves other requests. Lua: resty.threadpool."; \
-	} > $(DEB_ROOT)/DEBIAN/control; \
-	dpkg-deb --root-owner-group -Zxz --build $(DEB_ROOT) \
-		$(DEB_OUT)/$(DEB_PKG)_$(DEB_VERSION)_$$(dpkg --print-architecture).deb
+	@DEB_OUT=$(DEB_OUT) DEB_PKG=$(DEB_PKG) DEB_VERSION=$(DEB_VERSION) DEB_MAINTAINER="$(DEB_MAINTAINER)" \
+		MODULES_DIR=$(MODULES_DIR) MODULE_SO=$(MODULE_SO) SNIPPET=$(SNIPPET) ENABLED=$(ENABLED) \
+		LUA_OLDEST=$(call LUA_VERSION_OF,oldest) LUA_NEWEST=$(call LUA_VERSION_OF,newest) \
+		NGX_SRC=$(NGX_SRC) MAKE="$(MAKE)" packaging/deb.sh

@@ -13,7 +13,8 @@
 //! lua-nginx-module's C functions raise), and no call can leave a wait
 //! started without the yield that goes with it, nor reach another
 //! coroutine's task: a caller's task is found by its request and
-//! coroutine, never by a handle.
+//! coroutine; a stream's id, the one handle Lua holds (push_stream), is
+//! honoured only for the request and coroutine that pushed it.
 //!
 //! Every function here may see a Lua error raised under it: building
 //! values allocates, and an allocation may run a finalizer that fails, as
@@ -224,7 +225,7 @@ unsafe fn anchor(
     };
     let key = with_worker(|w| w.anchor_key())?;
     let end = spans.len() as c_int + 1;
-    // SAFETY: l is the running state of push or push_batch, holding `values`
+    // SAFETY: l is the running state of push, push_batch or push_stream, holding `values`
     // (the contract), and ANCHORS is its upvalue; the table has room for every
     // borrowed string in its array part (codec::anchor's contract). The
     // allocations and the stack's growth may raise, before anything is queued.
@@ -556,7 +557,7 @@ unsafe fn queue(
     values: Values,
     borrow: Option<Borrow>,
 ) -> c_int {
-    // SAFETY: l is the running state of push or push_batch, on the event loop,
+    // SAFETY: l is the running state of push, push_batch or push_stream, on the event loop,
     // with `args` encoded from `values` (the contract): what reap, anchor,
     // refused and unanchor need. lua_yield only marks the coroutine, found
     // able to yield before its wait started.

@@ -21,8 +21,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A record's handle inside the module (and in debug lines): generation <<
-/// 32 | slot. Lua never holds one: a caller's record is found by who it is
-/// (`Caller`), so no handle can be stale, forged or another request's.
+/// 32 | slot. A caller's record is found by who it is (`Caller`); the one
+/// handle Lua holds, a stream's id, is honoured only for the request and
+/// coroutine that pushed it (`Tasks::stream_of`), so none can be stale,
+/// forged or another request's.
 pub type PushId = u64;
 
 /// The handle of a posted task (post_task): no record, no caller. Real
