@@ -10,8 +10,8 @@
 # package.metadata.lua-nginx-module; the module checks the version it finds
 # at start-up too) and on the libraries the .so links; its maintainer
 # scripts are Debian's own for nginx modules (dh_nginx's, from nginx-dev),
-# which enable and disable the snippet. The README and the docs/ it links
-# to go to /usr/share/doc, compressed.
+# which enable and disable the snippet. The README, the changelog and the
+# docs/ they link to go to /usr/share/doc, compressed.
 set -euo pipefail
 
 test -n "${DEB_MAINTAINER:-}" || { echo "set DEB_MAINTAINER='Name <email>'" >&2; exit 1; }
@@ -30,7 +30,7 @@ mkdir -p "$root/DEBIAN" "$DEB_OUT/debian"
 "$MAKE" --no-print-directory install-files DESTDIR="$root"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note "$root$MODULES_DIR/$MODULE_SO"
 install -d -m 0755 "$doc/docs"
-for f in README.md docs/*.md; do
+for f in README.md CHANGELOG.md docs/*.md; do
     gzip -9n < "$f" > "$doc/$f.gz"
     chmod 0644 "$doc/$f.gz"
 done

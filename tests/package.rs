@@ -139,12 +139,13 @@ fn package_files_and_dependencies() {
         .filter(|(_, (mode, _))| mode.starts_with('-'))
         .map(|(p, _)| p.as_str())
         .collect();
-    // the README with the reference it links to, compressed as Debian's
-    // policy asks
+    // the README and the changelog with the reference they link to,
+    // compressed as Debian's policy asks
     let doc = "usr/share/doc/libnginx-mod-http-threadpool";
     let mut want = vec![
         MODULE_SO.to_string(),
         format!("{doc}/README.md.gz"),
+        format!("{doc}/CHANGELOG.md.gz"),
         "usr/share/lua/5.1/resty/threadpool.lua".to_string(),
         SNIPPET.to_string(),
     ];
