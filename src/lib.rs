@@ -42,10 +42,14 @@
 //!   outcome (`outcome.rs`), a stream's chunks (`stream.rs`), the wake-up
 //!   of the event loop (`notify.rs`), the adaptive poll both sides wait
 //!   with (`spin.rs`).
-//! - `stats/`: what both sides count and every worker's status page reads:
-//!   a pool's counters and timings, the queue bound and the admission
-//!   estimate, the shared-memory table of every worker's (`mod.rs`); the
-//!   accept gate's state in that table (`gate.rs`).
+//! - `stats/`: what both sides count and every worker's status page reads.
+//!   A pool's numbers declared once, in the one table that lays them out
+//!   and names them for `stats()` and `thread_pool_status` (`counters.rs`);
+//!   timings (`histogram.rs`), a pool thread's counts of a claim
+//!   (`tally.rs`), the queue bound and the admission estimate
+//!   (`admission.rs`), the shared-memory table of every worker's
+//!   (`status_table.rs`), the accept gate's state in that table
+//!   (`gate.rs`).
 //! - `codec/`: MessagePack between the sides. The format's limits and
 //!   writer (`format.rs`), `encode.rs`, `decode.rs`, error texts
 //!   (`message.rs`), a payload as a Rust tree (`value.rs`).
@@ -92,7 +96,7 @@
 //! | `conf/` | `mod.rs` | the setters nginx calls with its configuration; the main conf in a cycle |
 //! | `api/` | `mod.rs` `functions.rs` `streams.rs` `status.rs` | the shim's C functions on the caller's Lua stack (their registration, tasks, streams); the status handler |
 //! | `worker/` | `mod.rs` `process.rs` `tasks.rs` | task lists in a request's pool, init_process |
-//! | `stats/` | `mod.rs` | counters in shared memory |
+//! | `stats/` | `status_table.rs` | counters in shared memory |
 //! | `handoff/` | `job.rs` `notify.rs` `stream.rs` | a shadow task's check, unsafe to call on other arguments than its own; the wake-up's nginx event and eventfd; the stream of the task a pool thread runs, which its handler's sends reach |
 //! | `thread/` | `compare.rs` `handler.rs` `run.rs` `shadow.rs` | a task's borrowed bytes (spans), alive until its completion |
 //! | `vm/` | `cancel.rs` `mod.rs` `task.rs` | the protected calls' C functions on a thread's Lua state |

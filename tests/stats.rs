@@ -194,3 +194,66 @@ fn a_batch_task_waits_for_the_tasks_before_it() {
     assert!(s["run.gt0.1"] >= 1.0, "{s:?}");
     ngx.assert_clean_log();
 }
+
+/// `stats()` and `thread_pool_status` show each number of the module's one
+/// table (src/stats/counters.rs) under its name, and nothing else: the Lua
+/// keys (with the shim's `in_flight`) and kinds, and Prometheus's families
+/// and their series, a shadow's among them.
+#[test]
+fn stats_and_the_status_page_show_the_table() {
+    use ngx_threadpool::stats::{Kind, Labels, STATS};
+    let ngx = Case::new("thread_pool p threads=1;\nthread_pool q threads=1;")
+        .http(
+            r#"thread_pool_process_by_lua p "return ...";
+               thread_pool_process_by_lua q "return ...";
+               thread_pool_shadow p q;"#,
+        )
+        .lua(
+            "/keys",
+            r#"local out = {}
+               for k, v in pairs(assert(tp.p:stats())) do
+                   out[#out + 1] = k .. "=" .. (type(v) == "table" and #v.buckets or type(v))
+               end
+               table.sort(out)
+               ngx.print(table.concat(out, " "))"#,
+        )
+        .server("location = /metrics { thread_pool_status; }")
+        .start();
+    let mut want: Vec<String> = STATS
+        .iter()
+        .map(|s| match s.kind {
+            Kind::Histogram => format!("{}=8", s.name),
+            _ => format!("{}=number", s.name),
+        })
+        .chain(["in_flight=number".to_string()])
+        .collect();
+    want.sort();
+    assert_eq!(ngx.get("/keys").text(), want.join(" "));
+
+    let text = ngx.get("/metrics").text();
+    let families: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
+        .collect();
+    let want: Vec<(&str, &str)> = STATS
+        .iter()
+        .map(|s| (s.metric, s.kind.prometheus()))
+        .collect();
+    assert_eq!(families, want, "{text}");
+    for s in STATS {
+        let series = match s.kind {
+            Kind::Histogram => format!("{}_count{{", s.metric),
+            _ => format!("{}{{", s.metric),
+        };
+        let labels = match s.labels {
+            Labels::Pool => "pool=\"p\",worker=\"0\"",
+            Labels::Shadow => "pool=\"p\",shadow=\"q\",worker=\"0\"",
+        };
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&series) && l.contains(labels)),
+            "no {series}{labels}}}: {text}"
+        );
+    }
+    ngx.assert_clean_log();
+}

@@ -6,8 +6,6 @@
 --
 -- The calling coroutine waits; the event loop keeps serving other requests.
 
-local new_tab = require "table.new"
-
 local get_phase = ngx.get_phase
 local error = error
 local getmetatable = getmetatable
@@ -22,7 +20,7 @@ local type = type
 local floor = math.floor
 
 -- The module's C functions on this VM's stack (src/api/).
-local API_VERSION = 13
+local API_VERSION = 14
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -142,38 +140,6 @@ local function push_batch(pool, ms, deadline, list)
         return waited(ok, err, c_results)
     end
     return refused(ok, err, "push_tasks")
-end
-
--- The counters of stats/mod.rs, in its order, then two histograms of
--- (buckets, sum in µs) with these upper bounds in seconds; the last one is
--- written as Prometheus writes it, so that cjson's defaults (which refuse
--- math.huge) encode the table.
-local COUNTERS = { "threads", "busy", "queued", "pushed", "completed",
-                   "errors", "rejected", "timed_out", "abandoned",
-                   "cancelled", "overloaded", "expired" }
-local BOUNDS = { 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, "+Inf" }
--- then the shadow counters (thread_pool_shadow), as shadow_<name>
-local SHADOW = { "compared", "mismatched", "skipped" }
-local SHADOW_AT = #COUNTERS + 2 * (#BOUNDS + 1)
--- then the estimates of deadline-aware admission, in µs, as seconds
-local ESTIMATES = { "expected_wait", "run_estimate", "wait_limit" }
-local ESTIMATES_AT = SHADOW_AT + #SHADOW
--- then the stream counters, as stream_<name> (streams: as it is)
-local STREAM = { "streams", "chunks_out", "bytes_out", "chunks_in",
-                 "bytes_in", "send_wait_us" }
-local STREAM_AT = ESTIMATES_AT + #ESTIMATES
-local STATS_LEN = STREAM_AT + #STREAM
-
-local function histogram(counters, offset)
-    local buckets = new_tab(#BOUNDS, 0)
-    local count = 0
-    for i = 1, #BOUNDS do
-        local n = counters[offset + i]
-        buckets[i] = { le = BOUNDS[i], count = n }
-        count = count + n
-    end
-    return { buckets = buckets, count = count,
-             sum = counters[offset + #BOUNDS + 1] / 1e6 }
 end
 
 local Pool = {}
@@ -385,36 +351,19 @@ function Pool.post_task(self, ...)
     return refused(rc, err, "post_task")
 end
 
--- This worker's counters of the pool: a table (see docs/lua-api.md), or nil
--- and an error outside a worker process.
+-- This worker's counters of the pool: a table keyed by name, built by the
+-- module from its one table of them (src/stats/counters.rs; see
+-- docs/lua-api.md), or nil and an error outside a worker process.
 function Pool.stats(self)
     check_self(self, "stats")
-    local counters = c_stats(self.id)
-    if not counters or #counters ~= STATS_LEN then
+    local t = c_stats(self.id)
+    if not t then
         if get_phase() == "init_worker" then
             return nil, core.not_started
         end
         return nil, "no stats outside a worker process"
     end
-    local t = new_tab(0, #COUNTERS + #SHADOW + #ESTIMATES + #STREAM + 3)
-    for i = 1, #COUNTERS do
-        t[COUNTERS[i]] = counters[i]
-    end
-    for i = 1, #SHADOW do
-        t["shadow_" .. SHADOW[i]] = counters[SHADOW_AT + i]
-    end
-    for i = 1, #ESTIMATES do
-        t[ESTIMATES[i]] = counters[ESTIMATES_AT + i] / 1e6
-    end
-    t.streams = counters[STREAM_AT + 1]
-    for i = 2, #STREAM - 1 do
-        t["stream_" .. STREAM[i]] = counters[STREAM_AT + i]
-    end
-    -- seconds, as the histograms' sums
-    t.stream_send_wait = counters[STREAM_AT + #STREAM] / 1e6
     t.in_flight = t.queued + t.busy
-    t.wait = histogram(counters, #COUNTERS)
-    t.run = histogram(counters, #COUNTERS + #BOUNDS + 1)
     return t
 end
 

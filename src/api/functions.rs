@@ -38,6 +38,7 @@ use crate::luajit::stack;
 use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE};
 use crate::ngx::shim::{ErrOut, Request};
+use crate::stats::{Reading, Unit, BUCKET_BOUNDS_US, STATS};
 use crate::worker::tasks::{Caller, Release, RequestTasks};
 use crate::worker::{with_worker, WorkerError, OVERLOADED};
 use mlua::ffi::{self as lua, lua_State};
@@ -327,22 +328,51 @@ pub(super) unsafe extern "C-unwind" fn pool_id(l: *mut lua_State) -> c_int {
     2
 }
 
-/// `counters = stats(pool)`: this worker's counters of pool `pool`, an
-/// array in stats/mod.rs's order; nil outside a worker.
+/// `stats = stats(pool)`: this worker's numbers of pool `pool`, keyed by
+/// their names in stats/counters.rs (µs as seconds; a histogram as
+/// `{ buckets = { { le = s, count = n }, ... }, count = n, sum = s }`, its
+/// last bound the string "+Inf"); nil outside a worker.
 pub(super) unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
     // SAFETY: called by Lua; the argument is checked first. The counters
-    // are a local: an error raised while the table is built drops them.
+    // are atomics in memory that outlives the worker: an error raised while
+    // the table is built leaves nothing behind. At most 6 slots deep, within
+    // LUA_MINSTACK.
     unsafe {
         let pool = pool_arg(l, 1, c"stats");
-        let counters = guard::catch(|| with_worker(|w| w.stats(pool)));
-        let Some(counters) = counters.ok().flatten().flatten() else {
+        let stats = guard::catch(|| with_worker(|w| w.stats(pool)));
+        let Some(stats) = stats.ok().flatten().flatten() else {
             lua::lua_pushnil(l);
             return 1;
         };
-        lua::lua_createtable(l, counters.len() as c_int, 0);
-        for (i, &n) in counters.iter().enumerate() {
-            lua::lua_pushnumber(l, n as f64);
-            lua::lua_rawseti_(l, -2, i as c_int + 1);
+        // + the shim's in_flight
+        lua::lua_createtable(l, 0, STATS.len() as c_int + 1);
+        for stat in STATS {
+            lua::lua_pushlstring_(l, stat.name.as_ptr().cast(), stat.name.len());
+            match (stat.read)(stats) {
+                Reading::Number(n) => lua::lua_pushnumber(l, stat.unit.shown(n)),
+                Reading::Histogram { buckets, sum_us } => {
+                    lua::lua_createtable(l, 0, 3);
+                    lua::lua_createtable(l, buckets.len() as c_int, 0);
+                    for (i, &count) in buckets.iter().enumerate() {
+                        lua::lua_createtable(l, 0, 2);
+                        match BUCKET_BOUNDS_US.get(i) {
+                            Some(&us) => lua::lua_pushnumber(l, Unit::Micros.shown(us)),
+                            // as Prometheus writes it, and cjson encodes it
+                            None => lua::lua_pushlstring_(l, c"+Inf".as_ptr(), 4),
+                        }
+                        lua::lua_setfield(l, -2, c"le".as_ptr());
+                        lua::lua_pushnumber(l, count as f64);
+                        lua::lua_setfield(l, -2, c"count".as_ptr());
+                        lua::lua_rawseti_(l, -2, i as c_int + 1);
+                    }
+                    lua::lua_setfield(l, -2, c"buckets".as_ptr());
+                    lua::lua_pushnumber(l, buckets.iter().sum::<u64>() as f64);
+                    lua::lua_setfield(l, -2, c"count".as_ptr());
+                    lua::lua_pushnumber(l, Unit::Micros.shown(sum_us));
+                    lua::lua_setfield(l, -2, c"sum".as_ptr());
+                }
+            }
+            lua::lua_rawset(l, -3);
         }
     }
     1

@@ -16,8 +16,10 @@ use streams::{close, close_write, push_stream, read, write};
 /// The name `require` finds these functions under.
 pub const PACKAGE: &CStr = c"ngx_threadpool";
 
-/// Bumped when a function below changes; the shim refuses other versions.
-pub const API_VERSION: c_int = 13;
+/// Bumped when a function below changes; the shim, which may be installed
+/// apart from the module, says which it needs and refuses others (a test
+/// below ties the two).
+pub const API_VERSION: c_int = 14;
 
 /// The loader `require "ngx_threadpool"` runs: the table of functions.
 ///
@@ -65,4 +67,19 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         lua::lua_settop(l, module);
     }
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::API_VERSION;
+
+    #[test]
+    fn the_shim_needs_this_version() {
+        let shim = include_str!("../../lua/resty/threadpool.lua");
+        let line = format!("\nlocal API_VERSION = {API_VERSION}\n");
+        assert!(
+            shim.contains(&line),
+            "lua/resty/threadpool.lua lacks {line:?}"
+        );
+    }
 }

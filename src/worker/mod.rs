@@ -13,7 +13,7 @@ pub mod gate;
 pub mod process;
 pub mod tasks;
 
-use crate::stats::{self, PoolStats};
+use crate::stats::PoolStats;
 pub use error::{WorkerError, OVERLOADED};
 
 use crate::handoff::job::{Job, PushId, POSTED};
@@ -334,11 +334,9 @@ impl Worker {
         Ok(task)
     }
 
-    /// The counters of pool `pool`, in PoolStats::write's order.
-    pub fn stats(&self, pool: usize) -> Option<Vec<u64>> {
-        let mut out = Vec::with_capacity(stats::STATS_LEN);
-        self.pools.get(pool)?.stats.write(&mut out);
-        Some(out)
+    /// The counters of pool `pool`.
+    pub fn stats(&self, pool: usize) -> Option<&'static PoolStats> {
+        Some(self.pools.get(pool)?.stats)
     }
 
     /// Takes every completion posted so far (called on wake-up, and by

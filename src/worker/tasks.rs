@@ -550,9 +550,7 @@ impl Tasks {
         let stream = slot.work.as_ref().and_then(|w| w.stream.as_ref());
         if let (Some(stream), Some(stats)) = (stream, self.stats.get(slot.pool as usize)) {
             let waited = stream.waited_us();
-            stats
-                .stream_send_wait_us
-                .fetch_add(waited, Ordering::Relaxed);
+            stats.stream_send_wait.fetch_add(waited, Ordering::Relaxed);
         }
         let key = slot.waiter as usize;
         if self.newest.get(&key) == Some(&join(slot.gen, index)) {
