@@ -14,8 +14,6 @@ mod conf;
 mod env;
 /// The HTTP/1.1 client.
 mod http;
-/// The former ways to start nginx, over Case, while the files move to it.
-mod legacy;
 /// The error log's verdict: levels that fail a test, expected patterns.
 mod log;
 /// Prometheus's parser over the status page.
@@ -38,7 +36,6 @@ pub use env::{
     MODULES,
 };
 pub use http::{request, try_request, Response};
-pub use legacy::{config, nginx_test, nginx_test_conf};
 pub use log::{assert_clean, assert_clean_but, matches, matches_whole};
 pub use metrics::prometheus;
 pub use procs::{children_of, rss_kib, status_kib, thread_count};
