@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{nginx_test, Case, Nginx};
+use common::{Case, Nginx};
 use std::time::Duration;
 
 /// The example configuration of the brief.
@@ -155,8 +155,9 @@ fn init_chunk_runs_once_per_thread() {
 fn nginx_t_reports_syntax_error_in_inline_chunk() {
     let main = "thread_pool p threads=1;";
     let http = "    thread_pool_process_by_lua p \"local x = ... return x +\"; # bad chunk\n";
-    let line = line_of(&common::config(1, 1, main, http), "# bad chunk");
-    let out = nginx_test(main, http, &[]);
+    let case = Case::new(main).http(http);
+    let line = line_of(&case.conf_text(), "# bad chunk");
+    let out = case.nginx_t();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -183,7 +184,7 @@ fn nginx_t_reports_syntax_error_in_file_chunk() {
         ("thread_pool_process_by_lua_file", ""),
     ] {
         let http = format!("    {directive} p conf/bad.lua;\n    {other}\n");
-        let out = nginx_test(main, &http, &[("bad.lua", bad)]);
+        let out = Case::new(main).http(&http).file("bad.lua", bad).nginx_t();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{err}");
         assert!(
@@ -389,7 +390,10 @@ fn each_worker_has_its_own_pool() {
         ngx.say(ngx.worker.pid(), " ", assert(tp.wpool:push_task("w")))
     } } }
 "#;
-    let n = Nginx::start_with(2, "thread_pool wpool threads=3;", http, &[]);
+    let n = Case::new("thread_pool wpool threads=3;")
+        .http(http)
+        .workers(2)
+        .start();
     // nginx is ready once one worker listens; the second may still fork.
     let both_forked = || n.workers().len() == 2;
     assert!(common::eventually(Duration::from_secs(5), both_forked));

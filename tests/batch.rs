@@ -92,11 +92,14 @@ const HTTP: &str = r#"
 "#;
 
 fn start() -> Nginx {
-    Nginx::start(
+    Case::new(
         "thread_pool work threads=2;\nthread_pool small threads=1 max_queue=2;\n\
          error_log logs/debug.log debug;",
-        &format!("{HTTP}\nthread_pool_process_by_lua small \"return ...\";"),
     )
+    .http(&format!(
+        "{HTTP}\nthread_pool_process_by_lua small \"return ...\";"
+    ))
+    .start()
 }
 
 fn run(ngx: &Nginx, list: &str, extra: &str) -> String {

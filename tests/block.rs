@@ -4,8 +4,7 @@
 
 mod common;
 
-use common::{config, free_port, nginx_test, prefix, Nginx};
-use std::process::Command;
+use common::{free_port, Case};
 
 /// The 1-based line of the first line of `text` containing `needle`.
 fn line_of(text: &str, needle: &str) -> usize {
@@ -20,7 +19,7 @@ const ONE_POOL: &str = "thread_pool per_task threads=1;";
 /// The line of `needle` in the nginx.conf the harness writes for
 /// `ONE_POOL` and `http` (the port does not change the line count).
 fn conf_line(http: &str, needle: &str) -> usize {
-    line_of(&config(0, 1, ONE_POOL, http), needle)
+    line_of(&Case::new(ONE_POOL).http(http).conf_text(), needle)
 }
 
 /// A location that pushes `arg` to `pool` and prints the results or the
@@ -45,7 +44,7 @@ fn push_location(path: &str, pool: &str, arg: &str) -> String {
 /// Runs `nginx -t` on `ONE_POOL` and `http`, which must fail; returns
 /// what nginx printed.
 fn nginx_t_fails(http: &str) -> String {
-    let out = nginx_test(ONE_POOL, http, &[]);
+    let out = Case::new(ONE_POOL).http(http).nginx_t();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "nginx -t passed:\n{stderr}");
     stderr
@@ -82,7 +81,7 @@ fn both_block_directives_and_both_handler_styles() {
         push_location("/per-task", "per_task", r#""world""#),
         push_location("/factory", "factory", r#""x""#),
     );
-    let nginx = Nginx::start(MAIN, &http);
+    let nginx = Case::new(MAIN).http(&http).start();
     assert_eq!(nginx.get("/per-task").text(), "hello { WORLD } \n");
     assert_eq!(nginx.get("/factory").text(), "<}x}}}]]\n");
     nginx.assert_clean_log();
@@ -107,7 +106,10 @@ thread_pool_process_by_lua_block per_task { local s = ... return s .. '{' }
         push_location("/factory", "factory", r#""a""#),
         push_location("/per-task", "per_task", r#""b""#),
     );
-    let nginx = Nginx::start_with(1, MAIN, &http, &[("pools.conf", pools)]);
+    let nginx = Case::new(MAIN)
+        .http(&http)
+        .file("pools.conf", pools)
+        .start();
     assert_eq!(nginx.get("/factory").text(), "a}\n");
     assert_eq!(nginx.get("/per-task").text(), "b{\n");
     nginx.assert_clean_log();
@@ -133,7 +135,9 @@ fn block_larger_than_the_configuration_buffer() {
         "{block}\n    server {{\n        listen 127.0.0.1:$PORT;\n        {}\n    }}",
         push_location("/", "factory", "tonumber(ngx.var.arg_i)"),
     );
-    let nginx = Nginx::start("thread_pool factory threads=1;", &http);
+    let nginx = Case::new("thread_pool factory threads=1;")
+        .http(&http)
+        .start();
     assert_eq!(nginx.get("/?i=1").text(), format!("{n}:0}}{{ ]] }} \n"));
     assert_eq!(
         nginx.get(&format!("/?i={n}")).text(),
@@ -143,17 +147,11 @@ fn block_larger_than_the_configuration_buffer() {
 
     // nginx -T prints the configuration as read: the block's bytes, read by
     // the module rather than by nginx, must be in it once and whole.
-    let dir = prefix("dump");
-    let conf = config(free_port(), 1, "thread_pool factory threads=1;", &http);
-    std::fs::write(dir.join("conf/nginx.conf"), &conf).unwrap();
-    let out = Command::new(common::nginx())
-        .arg("-T")
-        .arg("-p")
-        .arg(&dir)
-        .arg("-c")
-        .arg("conf/nginx.conf")
-        .output()
-        .unwrap();
+    let case = Case::new("thread_pool factory threads=1;")
+        .http(&http)
+        .port(free_port());
+    let conf = case.conf_text();
+    let out = case.nginx_once(&["-T"]);
     assert!(
         out.status.success(),
         "{}",
@@ -164,7 +162,6 @@ fn block_larger_than_the_configuration_buffer() {
         dump.contains(&conf),
         "nginx -T output lacks the configuration:\n{dump}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Lua error lines count from the line of the block's `{`, as in
@@ -185,7 +182,7 @@ fn runtime_errors_name_the_block_like_openresty() {
         push_location("/", "per_task", r#""x""#),
     );
     let start = conf_line(&http, "thread_pool_process_by_lua_block per_task");
-    let nginx = Nginx::start(ONE_POOL, &http);
+    let nginx = Case::new(ONE_POOL).http(&http).start();
     assert_eq!(
         nginx.get("/").text(),
         format!("error: thread_pool_process_by_lua(nginx.conf:{start}):3: boom x\n")
@@ -239,7 +236,7 @@ fn nginx_t_accepts_good_blocks() {
         local s = "}"
     }
     thread_pool_process_by_lua_block per_task { return ... }"#;
-    let out = nginx_test(ONE_POOL, http, &[]);
+    let out = Case::new(ONE_POOL).http(http).nginx_t();
     assert!(
         out.status.success(),
         "{}",
@@ -328,17 +325,17 @@ fn extra_closing_brace_is_an_nginx_error() {
 
 #[test]
 fn block_directive_needs_a_pool_and_a_block() {
-    let out = nginx_test(
-        "",
-        "    thread_pool_process_by_lua_block { return ... }",
-        &[],
-    );
+    let out = Case::new("")
+        .http("    thread_pool_process_by_lua_block { return ... }")
+        .nginx_t();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("invalid number of arguments in \"thread_pool_process_by_lua_block\""),
         "{stderr}"
     );
-    let out = nginx_test("", "    thread_pool_process_by_lua_block p;", &[]);
+    let out = Case::new("")
+        .http("    thread_pool_process_by_lua_block p;")
+        .nginx_t();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("directive \"thread_pool_process_by_lua_block\" has no opening \"{\""),
@@ -357,7 +354,7 @@ fn long_strings_larger_than_the_conf_buffer_are_read() {
     let ours = format!(
         "    thread_pool_process_by_lua_block per_task {{\n        local s = [[{text}]]\n        return #s\n    }}"
     );
-    let out = nginx_test(ONE_POOL, &ours, &[]);
+    let out = Case::new(ONE_POOL).http(&ours).nginx_t();
     assert!(
         out.status.success(),
         "{}",

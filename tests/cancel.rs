@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{eventually, request, skipped_once_idle, Nginx};
+use common::{eventually, request, skipped_once_idle, Case, Nginx};
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
@@ -155,7 +155,7 @@ fn start() -> Nginx {
     let http = HTTP
         .replace("REPO", &common::repo().display().to_string())
         .replace("LIMIT", &LIMIT_S.to_string());
-    Nginx::start_with(1, "", &http, &[("cx.lua", CX)])
+    Case::new("").http(&http).file("cx.lua", CX).start()
 }
 
 /// A number the test recorded in the shared dict under `key`, if any.

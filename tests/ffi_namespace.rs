@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::Nginx;
+use common::Case;
 use std::collections::BTreeSet;
 
 /// The prefix of the names the module's thread Lua keeps for itself.
@@ -327,12 +327,10 @@ fn user_declarations_work_in_threads_as_on_the_event_loop() {
         }
     }
 "#;
-    let n = Nginx::start_with(
-        1,
-        "thread_pool ns threads=1;",
-        http,
-        &[("user.lua", &chunk)],
-    );
+    let n = Case::new("thread_pool ns threads=1;")
+        .http(http)
+        .file("user.lua", &chunk)
+        .start();
     let thread = n.get("/thread").text();
     let event_loop = n.get("/loop").text();
     assert!(

@@ -127,7 +127,10 @@ impl Poller {
 fn start() -> Gated {
     let reuseport = free_port();
     let http = HTTP.replace("$REUSEPORT", &reuseport.to_string());
-    let ngx = Nginx::start_with(2, "thread_pool work threads=1;", &http, &[]);
+    let ngx = Case::new("thread_pool work threads=1;")
+        .http(&http)
+        .workers(2)
+        .start();
     let flag = ngx.dir.join("release");
     both_gated(&ngx);
     let mut metrics = Poller {
@@ -369,7 +372,7 @@ fn marks_are_checked_by_nginx_t() {
         ("maybe", "invalid \"maybe\""),
     ] {
         let http = format!("thread_pool_accept_gate {gate};\n{handler}");
-        let out = nginx_test(pool, &http, &[]);
+        let out = Case::new(pool).http(&http).nginx_t();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             err.contains("\"thread_pool_accept_gate\" directive takes on | off [high=N] [low=M]")
@@ -379,23 +382,26 @@ fn marks_are_checked_by_nginx_t() {
     }
     for gate in ["off", "on", "on high=20 low=5"] {
         let http = format!("thread_pool_accept_gate {gate};\n{handler}");
-        assert!(nginx_test(pool, &http, &[]).status.success(), "{gate}");
+        assert!(
+            Case::new(pool).http(&http).nginx_t().status.success(),
+            "{gate}"
+        );
     }
 }
 
 #[test]
 fn nothing_to_pause_with_reuseport_sockets_only() {
-    let ngx = Nginx::start_with(
-        2,
-        "thread_pool work threads=1;",
-        r#"thread_pool_accept_gate on;
+    let ngx = Case::new("thread_pool work threads=1;")
+        .http(
+            r#"thread_pool_accept_gate on;
         thread_pool_process_by_lua work "return ...";
         server {
             listen 127.0.0.1:$PORT reuseport;
             location = /metrics { thread_pool_status; }
         }"#,
-        &[],
-    );
+        )
+        .workers(2)
+        .start();
     assert!(eventually(Duration::from_secs(5), || ngx
         .error_log()
         .matches("accept gate: no shared http listening socket")

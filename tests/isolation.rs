@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::Nginx;
+use common::{Case, Nginx};
 use std::time::Duration;
 
 const HANDLER: &str = r#"
@@ -80,7 +80,9 @@ fn http() -> String {
 }
 
 fn start() -> Nginx {
-    Nginx::start_with(1, "thread_pool iso threads=1;", &http(), &[])
+    Case::new("thread_pool iso threads=1;")
+        .http(&http())
+        .start()
 }
 
 fn call(ngx: &Nginx, op: &str) -> String {
@@ -143,12 +145,11 @@ fn an_error_object_whose_tostring_fails_is_named_by_its_type() {
 /// One nginx process (so that the limit is the pool thread's process's)
 /// with 1 GiB of address space, and pool iso of one thread.
 fn start_with_1_gib(http: &str) -> Nginx {
-    Nginx::start_single(
-        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
-        Duration::from_secs(10),
-        "thread_pool iso threads=1;",
-        http,
-    )
+    Case::new("thread_pool iso threads=1;")
+        .http(http)
+        .single_process()
+        .wrapper(&["prlimit", &format!("--as={}", 1u64 << 30)])
+        .start()
 }
 
 /// The state rebuilt after a task ran out of memory (1.5 s here: its init

@@ -73,7 +73,10 @@ const HANDLER_V2: &str = r#"
 
 /// Starts nginx and waits for all its workers and their threads.
 fn start(slow_threads: usize) -> (Nginx, BTreeSet<u32>) {
-    let n = Nginx::start_with(WORKERS, &main_conf(slow_threads), &http_conf(HANDLER), &[]);
+    let n = Case::new(&main_conf(slow_threads))
+        .http(&http_conf(HANDLER))
+        .workers(WORKERS)
+        .start();
     let ok = eventually(Duration::from_secs(10), || workers(&n).len() == WORKERS);
     assert!(ok, "workers: {:?}", workers(&n));
     let pids = workers(&n);
@@ -83,11 +86,7 @@ fn start(slow_threads: usize) -> (Nginx, BTreeSet<u32>) {
 
 /// Replaces nginx.conf (same port) for the next reload.
 fn rewrite(n: &Nginx, main: &str, http: &str) {
-    std::fs::write(
-        n.dir.join("conf/nginx.conf"),
-        config(n.port, WORKERS, main, http),
-    )
-    .unwrap();
+    Case::new(main).http(http).workers(WORKERS).rewrite(n);
 }
 
 /// Threads of `pid` whose name is `name`.

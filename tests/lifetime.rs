@@ -248,7 +248,7 @@ const LOCATIONS: &str = r#"
 "#;
 
 fn start() -> Nginx {
-    Nginx::start(MAIN, &format!("{POOL}{LOCATIONS}"))
+    Case::new(MAIN).http(&format!("{POOL}{LOCATIONS}")).start()
 }
 
 fn count(n: &Nginx, needle: &str) -> usize {
@@ -523,7 +523,10 @@ fn batch_timeout_then_request_ends_before_results() {
 fn abort_scenarios_under_valgrind() {
     const MS: u32 = 200;
     const COUNT: usize = 20;
-    let mut n = Nginx::start_under_valgrind(MAIN, &format!("{POOL}{LOCATIONS}"));
+    let mut n = Case::new(MAIN)
+        .http(&format!("{POOL}{LOCATIONS}"))
+        .under_valgrind()
+        .start();
     abort_requests(&n, "/abort_on", MS, COUNT);
     abort_requests(&n, "/abort_off", MS, COUNT);
     early_end_requests(&n, "/exit_thread", "exiting\n", MS, COUNT);
@@ -566,7 +569,7 @@ fn timer_at_shutdown(sig: &str) -> Nginx {
     server {{ listen 127.0.0.1:$PORT; location / {{ return 200; }} }}
 "#
     );
-    let mut n = Nginx::start(MAIN, &http);
+    let mut n = Case::new(MAIN).http(&http).start();
     let worker = only_worker(&n);
     assert!(
         eventually(Duration::from_secs(10), || count(&n, "TIMER-TICK tick")

@@ -11,7 +11,7 @@ const MAIN: &str = "thread_pool p threads=1;";
 /// lua, this module) replaced by those `reorder` keeps, in its order.
 /// With the lua module built into nginx there is only this module's line.
 fn with_modules(reorder: impl Fn(&[String]) -> Vec<String>) -> String {
-    let conf = config(free_port(), 1, MAIN, HANDLER);
+    let conf = Case::new(MAIN).http(HANDLER).conf_text();
     let (load, rest): (Vec<&str>, Vec<&str>) =
         conf.lines().partition(|l| l.starts_with("load_module "));
     let expected = if lua_built_in() { 1 } else { 3 };
@@ -23,7 +23,7 @@ fn with_modules(reorder: impl Fn(&[String]) -> Vec<String>) -> String {
 }
 
 fn emerg_of(conf: &str) -> String {
-    let out = nginx_test_conf(conf, &[]);
+    let out = Case::conf(conf).nginx_t();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "nginx -t passed:\n{conf}\n{err}");
     let line = err
@@ -83,7 +83,7 @@ fn loaded_without_the_lua_module() {
 }
 
 fn assert_passes(conf: &str) {
-    let out = nginx_test_conf(conf, &[]);
+    let out = Case::conf(conf).nginx_t();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{conf}\n{err}");
 }

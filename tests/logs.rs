@@ -78,7 +78,7 @@ fn a_slow_task_gets_one_warn_line() {
 #[test]
 fn slow_task_log_takes_a_time_or_off() {
     let http = "thread_pool_slow_task_log p soon;\nthread_pool_process_by_lua p \"return ...\";";
-    let out = nginx_test("thread_pool p threads=1;", http, &[]);
+    let out = Case::new("thread_pool p threads=1;").http(http).nginx_t();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
@@ -87,7 +87,9 @@ fn slow_task_log_takes_a_time_or_off() {
         "{err}"
     );
     let http = "thread_pool_slow_task_log p off;\nthread_pool_process_by_lua p \"return ...\";";
-    assert!(nginx_test("thread_pool p threads=1;", http, &[])
+    assert!(Case::new("thread_pool p threads=1;")
+        .http(http)
+        .nginx_t()
         .status
         .success());
 }

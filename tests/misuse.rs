@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{env_u64, rss_kib, Nginx};
+use common::{env_u64, rss_kib, Case, Nginx};
 use std::panic::AssertUnwindSafe;
 
 const REPLAY: &str = "replay a seed S with: MISUSE_SEED=S MISUSE_CALLS=1000 \
@@ -97,12 +97,10 @@ fn start() -> Nginx {
 "#,
         repo = common::repo().display()
     );
-    Nginx::start_with(
-        1,
-        "",
-        &http,
-        &[("misuse.lua", include_str!("fixtures/misuse.lua"))],
-    )
+    Case::new("")
+        .http(&http)
+        .file("misuse.lua", include_str!("fixtures/misuse.lua"))
+        .start()
 }
 
 #[test]

@@ -110,10 +110,9 @@ fn http(lib: &Path, extra: &str) -> String {
 fn a_c_library_serves_push_task_push_tasks_and_post_task() {
     let libs = Libs::new();
     let lib = libs.build("echo", &[]);
-    let ngx = Nginx::start(
-        "thread_pool c threads=2;",
-        &http(&lib, "thread_pool_zero_copy c 1k;"),
-    );
+    let ngx = Case::new("thread_pool c threads=2;")
+        .http(&http(&lib, "thread_pool_zero_copy c 1k;"))
+        .start();
     assert_eq!(
         ngx.get("/echo").text(),
         r#"7 ["echo",42,1.5,true,{"a":[1,2]},null,"x"]"#,
@@ -178,13 +177,17 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
     let text = libs.dir.join("text.so");
     std::fs::write(&text, "not a library").unwrap();
     for (lib, want) in cases {
-        let out = nginx_test("thread_pool c threads=1;", &http(&lib, ""), &[]);
+        let out = Case::new("thread_pool c threads=1;")
+            .http(&http(&lib, ""))
+            .nginx_t();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{err}");
         assert!(err.contains(&want), "want {want:?} in:\n{err}");
         assert!(err.contains("nginx.conf:"), "{err}");
     }
-    let out = nginx_test("thread_pool c threads=1;", &http(&text, ""), &[]);
+    let out = Case::new("thread_pool c threads=1;")
+        .http(&http(&text, ""))
+        .nginx_t();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -206,7 +209,7 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
             "\"thread_pool_init_by_lua\" directive cannot be used with \"thread_pool_process_by_rust\" for pool \"c\"",
         ),
     ] {
-        let out = nginx_test("thread_pool c threads=1;", &http(&good, extra), &[]);
+        let out = Case::new("thread_pool c threads=1;").http(&http(&good, extra)).nginx_t();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "want {want:?} in:\n{err}");
     }
@@ -214,7 +217,9 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
         "thread_pool_init_by_lua c \"x = 1\";\nthread_pool_process_by_rust c {};",
         good.display()
     );
-    let out = nginx_test("thread_pool c threads=1;", &lua_first, &[]);
+    let out = Case::new("thread_pool c threads=1;")
+        .http(&lua_first)
+        .nginx_t();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("\"thread_pool_process_by_rust\" directive cannot be used with \"thread_pool_init_by_lua\" for pool \"c\""),
@@ -225,7 +230,7 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
         "thread_pool_process_by_rust c {};\nserver {{ listen 127.0.0.1:$PORT; location /f {{ aio threads=c; }} }}",
         good.display()
     );
-    let out = nginx_test("thread_pool c threads=1;", &aio, &[]);
+    let out = Case::new("thread_pool c threads=1;").http(&aio).nginx_t();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("thread pool \"c\" has a thread_pool_process_by_rust handler and cannot also serve \"aio threads\""),
@@ -237,7 +242,9 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
         "thread_pool_process_by_rust c ../{}/good.so;",
         libs.dir.file_name().unwrap().to_string_lossy()
     );
-    let out = nginx_test("thread_pool c threads=1;", &relative, &[]);
+    let out = Case::new("thread_pool c threads=1;")
+        .http(&relative)
+        .nginx_t();
     assert!(
         out.status.success(),
         "{}",
@@ -249,7 +256,9 @@ fn nginx_t_names_the_library_and_what_is_wrong() {
 fn init_failure_makes_the_pool_unusable() {
     let libs = Libs::new();
     let lib = libs.build("init_fail", &["-DINIT_FAIL"]);
-    let ngx = Nginx::start("thread_pool c threads=1;", &http(&lib, ""));
+    let ngx = Case::new("thread_pool c threads=1;")
+        .http(&http(&lib, ""))
+        .start();
     assert_eq!(
         ngx.get("/call?cmd=tag").text(),
         "nil|thread pool \"c\" is not usable: init refused by the fixture"
@@ -263,7 +272,9 @@ fn init_failure_makes_the_pool_unusable() {
 fn error_garbage_and_oversized_results_reach_the_caller_as_errors() {
     let libs = Libs::new();
     let lib = libs.build("results", &[]);
-    let ngx = Nginx::start("thread_pool c threads=1;", &http(&lib, ""));
+    let ngx = Case::new("thread_pool c threads=1;")
+        .http(&http(&lib, ""))
+        .start();
     assert_eq!(ngx.get("/call?cmd=error").text(), "nil|handler error");
     let garbage = ngx.get("/call?cmd=garbage").text();
     assert!(garbage.starts_with("nil|bad payload: "), "{garbage}");
@@ -306,7 +317,9 @@ fn reload_loads_a_library_renamed_over_the_old_one() {
     let libs = Libs::new();
     let path = libs.dir.join("handler.so");
     std::fs::rename(libs.build("v1", &[]), &path).unwrap();
-    let ngx = Nginx::start("thread_pool c threads=1;", &http(&path, ""));
+    let ngx = Case::new("thread_pool c threads=1;")
+        .http(&http(&path, ""))
+        .start();
     assert_eq!(ngx.get("/call?cmd=tag").text(), "v1|nil");
     for _ in 0..3 {
         reload(&ngx);
@@ -335,7 +348,7 @@ fn a_spinning_handler_sees_its_callers_timeout() {
         "thread_pool_process_by_rust c {};\n{SPIN_SERVER}",
         lib.display()
     );
-    let ngx = Nginx::start("thread_pool c threads=1;", &http);
+    let ngx = Case::new("thread_pool c threads=1;").http(&http).start();
     assert_spinning_handler_sees_timeout(&ngx, "c");
     ngx.assert_clean_log();
 }
@@ -349,7 +362,7 @@ fn a_worker_quits_while_a_native_task_runs() {
         lib.display(),
         libs.dir.display()
     );
-    let mut ngx = Nginx::start("thread_pool c threads=1;", &http);
+    let mut ngx = Case::new("thread_pool c threads=1;").http(&http).start();
     let port = ngx.port;
     let caller =
         std::thread::spawn(move || request(port, "GET", "/call?cmd=sleep", &[], b"").text());

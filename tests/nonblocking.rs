@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::Nginx;
+use common::Case;
 use std::time::Duration;
 
 /// Marks its start and end with files in `dir`, burning CPU between until
@@ -45,12 +45,11 @@ fn static_requests_are_served_while_a_task_burns_cpu() {
         } }
     }
 "#;
-    let n = Nginx::start_with(
-        1,
-        "thread_pool burn threads=1;",
-        http,
-        &[("burn.lua", BURN), ("hello.txt", "hello\n")],
-    );
+    let n = Case::new("thread_pool burn threads=1;")
+        .http(http)
+        .file("burn.lua", BURN)
+        .file("hello.txt", "hello\n")
+        .start();
     // The worker runs as nobody: the marker files go to a directory it may
     // write to.
     let gate = n.dir.join("gate");

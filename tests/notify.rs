@@ -174,12 +174,11 @@ fn nth(i: usize, file: &str) -> (&'static str, String) {
 #[test]
 fn three_thread_pools_share_notify_without_losing_wakeups() {
     let file = big_file();
-    let n = Nginx::start_with(
-        1,
-        MAIN,
-        &http(),
-        &[("big.txt", &file), ("rwt_mod.lua", RWT_MOD)],
-    );
+    let n = Case::new(MAIN)
+        .http(&http())
+        .file("big.txt", &file)
+        .file("rwt_mod.lua", RWT_MOD)
+        .start();
     let worker = n.workers();
     assert_eq!(worker.len(), 1);
     // Two threads each for io_pool and rwt_pool (nginx's), two of ours,

@@ -14,7 +14,7 @@
 mod common;
 
 use common::handlers::rust_fixture;
-use common::Nginx;
+use common::{Case, Nginx};
 use std::time::Duration;
 
 /// The handler, run in pool `lua` and, for comparison, on the event loop.
@@ -121,12 +121,12 @@ fn start() -> Nginx {
         lib = rust_fixture().v1.display(),
         patience = PATIENCE.as_secs()
     );
-    Nginx::start_single(
-        |_| vec!["prlimit".into(), format!("--as={LIMIT}")],
-        PATIENCE,
-        "thread_pool lua threads=1;",
-        &http,
-    )
+    Case::new("thread_pool lua threads=1;")
+        .http(&http)
+        .single_process()
+        .wrapper(&["prlimit", &format!("--as={LIMIT}")])
+        .ready_within(PATIENCE)
+        .start()
 }
 
 fn get(ngx: &Nginx, path: &str) -> String {

@@ -229,7 +229,9 @@ const HANDLER: &str = r#"
 fn start(max_queue: usize) -> Nginx {
     let main =
         format!("thread_pool ov threads=1 max_queue={max_queue};\nthread_pool dl threads=1;");
-    Nginx::start(&main, &HTTP.replace("HANDLER", HANDLER))
+    Case::new(&main)
+        .http(&HTTP.replace("HANDLER", HANDLER))
+        .start()
 }
 
 fn stats(ngx: &Nginx) -> HashMap<String, String> {

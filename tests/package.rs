@@ -356,7 +356,9 @@ fn package_runs_in_the_stock_layout() {
 
     let port = free_port();
     example(&dir, port);
-    let nginx = Nginx::start_prefix(dir.clone(), port, &["-g", "daemon off;"]);
+    let nginx = Case::laid_out(dir.clone(), port)
+        .args(&["-g", "daemon off;"])
+        .start();
     let r = nginx.get("/upper?s=debian");
     assert_eq!((r.status, r.text()), (200, "DEBIAN (thread_pool)\n".into()));
     let r = nginx.get("/upper-inline?s=debian");

@@ -150,7 +150,10 @@ end
 "##;
 
 fn start() -> Nginx {
-    Nginx::start_with(1, MAIN, HTTP, &[("parity_run.lua", RUNNER)])
+    common::Case::new(MAIN)
+        .http(HTTP)
+        .file("parity_run.lua", RUNNER)
+        .start()
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{request, Nginx};
+use common::{request, Case, Nginx};
 use std::time::Duration;
 
 /// `run(src)`: pcall of the chunk `src`, rendered deterministically: the
@@ -377,17 +377,13 @@ ngx.print(here, " ", tostring(r1 or e1), " ", tostring(r2 or e2))
     }}
 "#
     );
-    Nginx::start_with(
-        1,
-        "thread_pool re_pool threads=2;",
-        &http,
-        &[
-            ("pool.lua", &pool_lua),
-            ("el.lua", &el_lua),
-            ("tp.lua", tp_lua),
-            ("stress.lua", &stress_lua),
-        ],
-    )
+    Case::new("thread_pool re_pool threads=2;")
+        .http(&http)
+        .file("pool.lua", &pool_lua)
+        .file("el.lua", &el_lua)
+        .file("tp.lua", tp_lua)
+        .file("stress.lua", &stress_lua)
+        .start()
 }
 
 fn run(ngx: &Nginx, path: &str, src: &str) -> String {

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{free_port, Nginx};
+use common::{free_port, Case, Nginx};
 use std::time::Duration;
 
 const MAIN: &str = "thread_pool upper_pool threads=1;";
@@ -91,7 +91,11 @@ fn push_task_waits_in_server_rewrite_and_ssl_certificate() {
     let http = HTTP
         .replace("$TLS_PORT", &free_port().to_string())
         .replace("$SLEEP_PORT", &free_port().to_string());
-    let n = Nginx::start_with(1, MAIN, &http, &[("cert.pem", CERT), ("key.pem", KEY)]);
+    let n = Case::new(MAIN)
+        .http(&http)
+        .file("cert.pem", CERT)
+        .file("key.pem", KEY)
+        .start();
     if n.get("/sleep").status != 200 {
         // an nginx built from its own tarball lacks the patch Debian's
         // and OpenResty's nginx carry that lets a certificate callback
@@ -175,7 +179,7 @@ fn push_task_outside_yieldable_contexts_names_the_context() {
         }
     }
 "#;
-    let mut n = Nginx::start(MAIN, http);
+    let mut n = Case::new(MAIN).http(http).start();
     let t = n.get("/set").text();
     assert!(
         t.starts_with("false ") && t.contains("API disabled in the context of set"),
@@ -249,7 +253,7 @@ fn push_task_waits_in_precontent_where_the_lua_module_has_it() {
         }
     }
 "#;
-    let version = lua_version(&Nginx::start(MAIN, http));
+    let version = lua_version(&Case::new(MAIN).http(http).start());
     let precontent = r#"
     thread_pool_process_by_lua upper_pool "local arg = ... return arg:upper()";
     server {
@@ -273,7 +277,7 @@ fn push_task_waits_in_precontent_where_the_lua_module_has_it() {
     if version < 10_031 {
         // precontent_by_lua came with 0.10.31: an older release refuses it
         // as an unknown directive, and there is nothing to push from
-        let out = common::nginx_test(MAIN, precontent, &[]);
+        let out = Case::new(MAIN).http(precontent).nginx_t();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success()
@@ -285,7 +289,7 @@ fn push_task_waits_in_precontent_where_the_lua_module_has_it() {
         );
         return;
     }
-    let n = Nginx::start(MAIN, precontent);
+    let n = Case::new(MAIN).http(precontent).start();
     assert_eq!(
         n.get("/precontent").text(),
         "PRECONTENT,LIGHT THREAD,content\n"
@@ -334,7 +338,7 @@ fn push_task_works_in_every_yieldable_context() {
         }
     }
 "#;
-    let n = Nginx::start(MAIN, http);
+    let n = Case::new(MAIN).http(http).start();
     assert_eq!(
         n.get("/phases").text(),
         "REWRITE,ACCESS,CONTENT,LIGHT THREAD\n"

@@ -58,7 +58,7 @@ const HTTP: &str = r#"
 
 #[test]
 fn posted_from_every_phase_and_failures_logged_once_a_second() {
-    let ngx = Nginx::start("thread_pool fire threads=1;", HTTP);
+    let ngx = Case::new("thread_pool fire threads=1;").http(HTTP).start();
     for _ in 0..3 {
         assert_eq!(ngx.get("/phases").text(), "ok");
     }

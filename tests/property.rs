@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{env_u64, Nginx};
+use common::{env_u64, Case, Nginx};
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
@@ -50,15 +50,11 @@ fn start() -> Nginx {
 "#,
         repo = common::repo().display()
     );
-    Nginx::start_with(
-        1,
-        MAIN,
-        &http,
-        &[
-            ("propgen.lua", include_str!("fixtures/propgen.lua")),
-            ("property.lua", include_str!("fixtures/property.lua")),
-        ],
-    )
+    Case::new(MAIN)
+        .http(&http)
+        .file("propgen.lua", include_str!("fixtures/propgen.lua"))
+        .file("property.lua", include_str!("fixtures/property.lua"))
+        .start()
 }
 
 #[test]

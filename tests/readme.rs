@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{free_port, lua_module_lines, module_path, prefix, repo, user_line, Nginx};
+use common::{lua_module_lines, module_path, repo, user_line, Case};
 
 /// The synopsis: a whole nginx.conf.
 fn synopsis() -> String {
@@ -35,11 +35,10 @@ fn the_synopsis_configures_a_pool_and_calls_it() {
         conf.contains(module) && conf.contains(lua_lines),
         "the synopsis no longer loads the modules:\n{conf}"
     );
-    let port = free_port();
     let conf = conf
         .replace(lua_lines, &lua_module_lines())
         .replace(module, &format!("load_module {};", module_path().display()))
-        .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"))
+        .replace("listen 8080;", "listen 127.0.0.1:$PORT;")
         .replace(
             "events {}",
             "events {}\nerror_log logs/error.log info;\npid logs/nginx.pid;",
@@ -51,9 +50,9 @@ fn the_synopsis_configures_a_pool_and_calls_it() {
                 repo().display()
             ),
         );
-    let dir = prefix("readme");
-    std::fs::write(dir.join("conf/nginx.conf"), conf).unwrap();
-    let n = Nginx::start_prefix(dir, port, &["-g", &format!("daemon off; {}", user_line())]);
+    let n = Case::conf(&conf)
+        .args(&["-g", &format!("daemon off; {}", user_line())])
+        .start();
     let r = n.get("/upper?s=foo");
     assert_eq!((r.status, r.text().as_str()), (200, "FOO\n"));
     // no [error] or worse: a newcomer's first log stays clean

@@ -212,7 +212,9 @@ fn one_luajit_per_worker_and_the_lua_modules_own_resty_core() {
         }
     }
 "#;
-    let n = Nginx::start("thread_pool upper_pool threads=1;", http);
+    let n = Case::new("thread_pool upper_pool threads=1;")
+        .http(http)
+        .start();
     let text = n.get("/core").text();
     assert!(text.starts_with("OK "), "{text}");
     let core = text.split_whitespace().nth(2).unwrap_or_default();

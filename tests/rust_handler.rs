@@ -64,7 +64,7 @@ fn start_with(main: &str, lib: &Path) -> Nginx {
     let http = HTTP
         .replace("LIB", &lib.display().to_string())
         .replace("PARITY", &PARITY.replace('"', "\\\""));
-    Nginx::start(main, &http)
+    Case::new(main).http(&http).start()
 }
 
 fn start() -> Nginx {
@@ -236,10 +236,9 @@ fn an_init_error_or_panic_leaves_the_pool_unusable_with_its_text() {
             }
         }
     }"#;
-    let n = Nginx::start(
-        "",
-        &http.replace("LIB", &rust_fixture().v1.display().to_string()),
-    );
+    let n = Case::new("")
+        .http(&http.replace("LIB", &rust_fixture().v1.display().to_string()))
+        .start();
     assert_eq!(
         n.get("/run").text(),
         "nil,thread pool \"f\" is not usable: init refused by CONFIG|\
@@ -293,7 +292,7 @@ fn a_spinning_rust_handler_sees_its_callers_timeout() {
         "thread_pool_process_by_rust c {};\n{SPIN_SERVER}",
         rust_fixture().v1.display()
     );
-    let n = Nginx::start("thread_pool c threads=1;", &http);
+    let n = Case::new("thread_pool c threads=1;").http(&http).start();
     assert_spinning_handler_sees_timeout(&n, "c");
     n.assert_clean_log();
 }
@@ -482,7 +481,7 @@ fn settled(n: &Nginx, tasks: u64) {
 #[test]
 fn strings_of_a_vm_closed_with_its_request_are_copied() {
     let http = VMS.replace("LIB", &rust_fixture().v1.display().to_string());
-    let n = Nginx::start("", &http);
+    let n = Case::new("").http(&http).start();
     let worker = n.workers();
     // until three handlers have read: a task whose caller gave up before
     // the thread took it is skipped

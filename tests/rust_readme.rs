@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{repo, Nginx};
+use common::{repo, Case};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -115,7 +115,9 @@ fn the_readmes_example_builds_and_serves() {
     }}"#,
         lib.display()
     );
-    let n = Nginx::start(&format!("thread_pool {pool} threads=1;"), &http);
+    let n = Case::new(&format!("thread_pool {pool} threads=1;"))
+        .http(&http)
+        .start();
     for (call, want) in calls {
         let path = format!("/call?c={}", percent(&call));
         assert_eq!(n.get(&path).text(), want, "{call}");

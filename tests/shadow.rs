@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{eventually, nginx_test, prometheus, request, Nginx};
+use common::{eventually, prometheus, request, Case, Nginx};
 use std::time::Duration;
 
 /// The handlers of both sides of each pair (conf/sh.lua): `handler("main")`
@@ -280,7 +280,7 @@ const HTTP: &str = r#"
 
 fn start() -> Nginx {
     let http = HTTP.replace("REPO", &common::repo().display().to_string());
-    Nginx::start_with(1, "", &http, &[("sh.lua", SH)])
+    Case::new("").http(&http).file("sh.lua", SH).start()
 }
 
 fn get(n: &Nginx, path: &str) -> String {
@@ -497,18 +497,18 @@ fn configuration_errors() {
             r#"thread pool "d" has lua_thread_pool but no thread_pool_process_by_lua in "#,
         ),
     ] {
-        let out = nginx_test("", &format!("{handlers}{directives}"), &[]);
+        let out = Case::new("")
+            .http(&format!("{handlers}{directives}"))
+            .nginx_t();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{directives}: {stderr}");
         assert!(stderr.contains(error), "{directives}: {stderr}");
     }
-    let out = nginx_test(
-        "",
-        &format!(
+    let out = Case::new("")
+        .http(&format!(
             "{handlers}thread_pool_shadow a b sample=0.5; thread_pool_shadow c b log_values=off;"
-        ),
-        &[],
-    );
+        ))
+        .nginx_t();
     assert!(
         out.status.success(),
         "{}",

@@ -38,7 +38,9 @@ fn nginx_t_refuses_aio_threads_on_a_lua_pool() {
         ),
         ("aio threads=tp; server { listen 127.0.0.1:$PORT; }", ""),
     ] {
-        let out = nginx_test(MAIN, &format!("{HANDLER}\n{http}"), &[]);
+        let out = Case::new(MAIN)
+            .http(&format!("{HANDLER}\n{http}"))
+            .nginx_t();
         let err = output_text(&out);
         assert!(!out.status.success(), "{http}: accepted\n{err}");
         assert!(
@@ -51,23 +53,19 @@ fn nginx_t_refuses_aio_threads_on_a_lua_pool() {
         assert!(err.contains("[emerg]"), "{err}");
     }
     // another pool for aio is fine
-    let out = nginx_test(
-        "thread_pool tp threads=1; thread_pool io threads=1;",
-        &format!(
+    let out = Case::new("thread_pool tp threads=1; thread_pool io threads=1;")
+        .http(&format!(
             "{HANDLER}\nserver {{ listen 127.0.0.1:$PORT; location / {{ aio threads=io; }} }}"
-        ),
-        &[],
-    );
+        ))
+        .nginx_t();
     assert!(out.status.success(), "{}", output_text(&out));
 }
 
 #[test]
 fn init_without_process_names_its_file_and_line() {
-    let out = nginx_test(
-        MAIN,
-        "\n\n    thread_pool_init_by_lua tp \"local x = 1\";",
-        &[],
-    );
+    let out = Case::new(MAIN)
+        .http("\n\n    thread_pool_init_by_lua tp \"local x = 1\";")
+        .nginx_t();
     let err = output_text(&out);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -183,7 +181,7 @@ fn a_pool_declared_in_the_http_block() {
             "takes threads=N [max_queue=M]: invalid \"threads=two\"",
         ),
     ] {
-        let out = nginx_test(main, http, &[]);
+        let out = Case::new(main).http(http).nginx_t();
         let err = output_text(&out);
         assert!(!out.status.success() && err.contains(expected), "{err}");
     }

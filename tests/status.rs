@@ -73,12 +73,7 @@ const HTTP: &str = r#"
 
 #[test]
 fn every_worker_and_pool_in_prometheus_text() {
-    let ngx = Nginx::start_with(
-        2,
-        "thread_pool st threads=2;\nthread_pool quiet threads=1;\nthread_pool one threads=1 max_queue=1;",
-        HTTP,
-        &[],
-    );
+    let ngx = Case::new("thread_pool st threads=2;\nthread_pool quiet threads=1;\nthread_pool one threads=1 max_queue=1;").http(HTTP).workers(2).start();
     // Known work, tallied by the worker that did it.
     let mut ok = [0u32; 2];
     let mut errors = [0u32; 2];

@@ -19,7 +19,7 @@
 mod common;
 
 use common::handlers::rust_fixture;
-use common::{eventually, request, status_kib, Nginx};
+use common::{eventually, request, status_kib, Case, Nginx};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -355,7 +355,7 @@ fn with_fixture(http: &str) -> String {
 }
 
 fn start() -> Nginx {
-    Nginx::start("", &with_fixture(HTTP))
+    Case::new("").http(&with_fixture(HTTP)).start()
 }
 
 /// What a handler, of either pool, noted under `key` (its "seen KEY
@@ -663,7 +663,7 @@ fn the_queue_bound_covers_streams(pool: &str) {
         }
     }
     "#;
-    let n = Nginx::start("", &with_fixture(http));
+    let n = Case::new("").http(&with_fixture(http)).start();
     assert_eq!(
         n.get(&format!("/full?pool={pool}")).text(),
         "started true nil nil queue full\n"
@@ -684,7 +684,10 @@ fn a_killed_reader_cancels_its_handler_when_the_request_ends(pool: &str) {
 #[test]
 #[ignore = "needs valgrind; run with `make valgrind`"]
 fn stream_endings_under_valgrind() {
-    let mut n = Nginx::start_under_valgrind("", &with_fixture(HTTP));
+    let mut n = Case::new("")
+        .http(&with_fixture(HTTP))
+        .under_valgrind()
+        .start();
     for i in 0..5 {
         for pool in [LUA, RUST] {
             for path in [
@@ -793,7 +796,7 @@ fn a_shadow_compares_the_chunks_and_the_result(main: &str, alt: &str) {
         handler("main", main, "n + sum"),
         handler("alt", alt, "differ and 0 or n + sum")
     );
-    let n = Nginx::start("", &with_fixture(&http));
+    let n = Case::new("").http(&with_fixture(&http)).start();
     assert_eq!(n.get("/run").text(), "31,32,33,34,35 end\n");
     assert!(
         eventually(Duration::from_secs(10), || n.get("/stats").text() == "1 0"),

@@ -146,7 +146,7 @@ fn thread_pool_scheduling_sets_policy_and_nice() {
         let http = format!(
             "thread_pool_process_by_lua p \"return ...\";\nthread_pool_scheduling p {args};"
         );
-        let out = nginx_test("thread_pool p threads=1;", &http, &[]);
+        let out = Case::new("thread_pool p threads=1;").http(&http).nginx_t();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             err.contains(&format!(

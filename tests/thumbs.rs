@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{prefix, Nginx};
+use common::{prefix, Case, Nginx};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -91,7 +91,7 @@ fn start(images: &Images) -> Nginx {
         pool = location("thumb", "require('resty.threadpool').thumbs:push_task"),
         inline = location("thumb-inline", "require('thumb')"),
     );
-    Nginx::start_with(WORKERS, &main, &http, &[])
+    Case::new(&main).http(&http).workers(WORKERS).start()
 }
 
 /// Width and height from a JPEG's start-of-frame segment.

@@ -7,7 +7,7 @@
 mod common;
 mod waf_corpus;
 
-use common::{Nginx, Response};
+use common::{Case, Nginx, Response};
 use waf_corpus::{benign, corpus, malicious, send, Expect};
 
 /// The WAF locations of nginx-conf/demo.conf: `/waf/` scans in the `waf`
@@ -153,7 +153,7 @@ fn corpus_is_large_enough() {
 
 #[test]
 fn rule_file_has_over_1000_well_formed_rules() {
-    let nginx = Nginx::start(MAIN, &http(""));
+    let nginx = Case::new(MAIN).http(&http("")).start();
     let text = nginx.get("/rules").text();
     let count: usize = text.split(' ').next().unwrap().parse().unwrap();
     assert!(count >= 1000, "{text}");
@@ -166,7 +166,7 @@ fn rule_file_has_over_1000_well_formed_rules() {
 
 #[test]
 fn inline_verdicts_match_the_corpus() {
-    let nginx = Nginx::start(MAIN, &http(""));
+    let nginx = Case::new(MAIN).http(&http("")).start();
     check_corpus(&nginx, "/waf-inline/");
     // No rule hit a PCRE error at run time (waf.lua logs those).
     let log = nginx.error_log();
@@ -186,10 +186,9 @@ fn pool_verdicts_match_inline() {
             return ngx.re.find(s, "b", "jo")
         end
     }"#;
-    let nginx = Nginx::start(
-        &format!("{MAIN}\nthread_pool probe threads=1;"),
-        &http(probe),
-    );
+    let nginx = Case::new(&format!("{MAIN}\nthread_pool probe threads=1;"))
+        .http(&http(probe))
+        .start();
     let probed = nginx.get("/probe").text();
     assert_eq!(
         probed, "2\n",

@@ -220,7 +220,7 @@ fn check(nginx: &Nginx, prefix: &str, pool: bool) {
 /// The Rust WAF called directly, on the tables nginx built.
 #[test]
 fn rust_verdicts_equal_the_lua_wafs() {
-    let nginx = Nginx::start(MAIN, &http());
+    let nginx = common::Case::new(MAIN).http(&http()).start();
     check(&nginx, "/waf-verdict/", false);
 }
 
@@ -228,7 +228,7 @@ fn rust_verdicts_equal_the_lua_wafs() {
 /// argument would, and the pool's verdict is the one called directly.
 #[test]
 fn pool_verdicts_equal_the_lua_wafs() {
-    let nginx = Nginx::start(MAIN, &http());
+    let nginx = common::Case::new(MAIN).http(&http()).start();
     check(&nginx, "/waf-verdict-pool/", true);
     let log = nginx.error_log();
     assert!(log.contains("1505 rules from"), "{log}");

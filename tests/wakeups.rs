@@ -151,7 +151,7 @@ fn a_waiter_killed_as_its_task_ended() {
 #[test]
 #[ignore = "needs valgrind; run with `make valgrind`"]
 fn the_races_under_valgrind() {
-    let mut n = Nginx::start_under_valgrind(MAIN, &case().http_block());
+    let mut n = case().under_valgrind().start();
     for _ in 0..3 {
         for race in &RACES {
             assert_eq!(n.get(race.path).text(), race.want, "{}", race.path);

@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{eventually, nginx_test, skipped_once_idle, Nginx};
+use common::{eventually, skipped_once_idle, Case, Nginx};
 use std::time::Duration;
 
 const HTTP: &str = r#"
@@ -263,10 +263,9 @@ const HTTP: &str = r#"
 "#;
 
 fn start(zero_copy: &str) -> Nginx {
-    Nginx::start(
-        "thread_pool one threads=1;\nerror_log logs/debug.log debug;",
-        &format!("{HTTP}\nthread_pool_zero_copy one {zero_copy};"),
-    )
+    Case::new("thread_pool one threads=1;\nerror_log logs/debug.log debug;")
+        .http(&format!("{HTTP}\nthread_pool_zero_copy one {zero_copy};"))
+        .start()
 }
 
 #[test]
@@ -471,10 +470,11 @@ fn reload_and_quit_with_borrowed_strings_in_flight() {
 /// stay clean, and the workers' pushes work.
 #[test]
 fn shim_preloaded_in_the_master() {
-    let mut n = Nginx::start(
-        "thread_pool one threads=1;",
-        &format!("{HTTP}\ninit_by_lua_block {{ require \"resty.threadpool\" }}"),
-    );
+    let mut n = Case::new("thread_pool one threads=1;")
+        .http(&format!(
+            "{HTTP}\ninit_by_lua_block {{ require \"resty.threadpool\" }}"
+        ))
+        .start();
     for round in 0..3 {
         assert_eq!(n.get(&format!("/hold?i={round}")).text(), "timeout\n");
         assert_eq!(n.get("/gc").text(), "collected\n");
@@ -502,12 +502,11 @@ fn a_thread_keeps_its_results_alive_until_read() {
 #[test]
 fn results_outlive_a_rebuilt_lua_state() {
     // One process, so the limit is the pool thread's process's.
-    let mut n = Nginx::start_single(
-        |_| vec!["prlimit".into(), format!("--as={}", 1u64 << 30)],
-        Duration::from_secs(10),
-        "thread_pool one threads=1;",
-        HTTP,
-    );
+    let mut n = Case::new("thread_pool one threads=1;")
+        .http(HTTP)
+        .single_process()
+        .wrapper(&["prlimit", &format!("--as={}", 1u64 << 30)])
+        .start();
     for i in 0..3 {
         let r = n.get(&format!("/oom?i={i}"));
         assert_eq!(r.text(), "ok not enough memory\n", "{}", n.error_log());
@@ -521,13 +520,11 @@ fn results_outlive_a_rebuilt_lua_state() {
 #[test]
 fn nginx_t_checks_the_size() {
     for bad in ["0", "lots", "-1"] {
-        let out = nginx_test(
-            "thread_pool one threads=1;",
-            &format!(
+        let out = Case::new("thread_pool one threads=1;")
+            .http(&format!(
                 "thread_pool_process_by_lua one \"return ...\";\nthread_pool_zero_copy one {bad};"
-            ),
-            &[],
-        );
+            ))
+            .nginx_t();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && err.contains("takes a size (16k, 1m...) or off"),
@@ -535,11 +532,9 @@ fn nginx_t_checks_the_size() {
         );
     }
     // A pool named only here is an error that names the directive.
-    let out = nginx_test(
-        "thread_pool one threads=1;",
-        "thread_pool_zero_copy one 16k;",
-        &[],
-    );
+    let out = Case::new("thread_pool one threads=1;")
+        .http("thread_pool_zero_copy one 16k;")
+        .nginx_t();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()

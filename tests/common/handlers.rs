@@ -3,7 +3,7 @@
 //! its caller's timeout, and the abort scenarios under valgrind. The C fixture (tests/fixtures/native_handler.c) and the Rust
 //! one answer the ops used here alike: "spin", "sleep", "error", "big".
 
-use super::{eventually, repo, skipped_once_idle, Nginx};
+use super::{eventually, repo, skipped_once_idle, Case, Nginx};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -207,7 +207,10 @@ pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &
     }}"#,
         lib.display()
     );
-    let mut n = Nginx::start_under_valgrind("thread_pool c threads=2;", &http);
+    let mut n = Case::new("thread_pool c threads=2;")
+        .http(&http)
+        .under_valgrind()
+        .start();
     for _ in 0..COUNT {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", n.port)).unwrap();
         use std::io::{Read, Write};
