@@ -1,7 +1,8 @@
 //! The map of the crate in src/lib.rs's module doc stays true: every folder
 //! of src/ is on it, and for the folders it lists file by file, every file
 //! but mod.rs is named in the folder's entry and every name is a file;
-//! and imports run down the map, never up.
+//! and imports run down the map, never up. And no function of src/ runs
+//! longer than `LONGEST_FN` lines unless its doc says why.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -477,4 +478,132 @@ fn an_upward_import_is_seen() {
             .any(|(f, g)| f.starts_with("worker/") && g.starts_with("thread/")),
         "{up:?}"
     );
+}
+
+/// The most lines a function of src/ takes, from its `fn` line to its
+/// closing brace, unless its doc says why it takes more.
+const LONGEST_FN: usize = 80;
+
+/// How a function's doc says why it is longer: a line that starts so and
+/// goes on with the reason.
+const LONG_REASON: &str = "/// Long:";
+
+/// The name of the function whose signature `line` starts, if it starts
+/// one (after its visibility and qualifiers).
+fn fn_name(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace().skip_while(|w| {
+        *w == "pub"
+            || w.starts_with("pub(")
+            || ["const", "async", "unsafe", "extern"].contains(w)
+            || w.starts_with('"')
+    });
+    if words.next() != Some("fn") {
+        return None;
+    }
+    let name = words.next()?;
+    Some(&name[..name.find(['(', '<']).unwrap_or(name.len())])
+}
+
+/// The functions of `code` longer than `LONGEST_FN` lines whose doc does
+/// not say why in a `LONG_REASON` line: (line, name, lines). Read from
+/// rustfmt's layout: a body ends at the first line indented as its `fn`
+/// that starts with `}`; a declaration has no such line before the next
+/// item. The functions of a `#[cfg(test)]` module are tests: left out.
+fn long_functions(code: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    // the line that closes the item starting at `start`, if it has a body
+    let end = |start: usize| {
+        let at = indent(lines[start]);
+        let next = (start + 1..lines.len()).find(|&j| {
+            let l = lines[j].trim_start();
+            // what continues a signature: its last lines, a where clause
+            let signature = l.starts_with([')', '>', '{']) || l.starts_with("where");
+            !l.is_empty() && indent(lines[j]) == at && !signature
+        })?;
+        lines[next].trim_start().starts_with('}').then_some(next)
+    };
+    let mut tests = Vec::new();
+    for (i, pair) in lines.windows(2).enumerate() {
+        let module = pair[1].trim_start();
+        if pair[0].trim() == "#[cfg(test)]" && module.contains("mod ") && module.ends_with('{') {
+            tests.extend(end(i + 1).map(|e| i + 1..e));
+        }
+    }
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = fn_name(line) else { continue };
+        if tests.iter().any(|t| t.contains(&i)) {
+            continue;
+        }
+        let Some(e) = end(i) else { continue };
+        let doc = lines[..i]
+            .iter()
+            .rev()
+            .map(|l| l.trim_start())
+            .take_while(|l| l.starts_with("///") || l.starts_with("#["));
+        let why = doc
+            .filter_map(|l| l.strip_prefix(LONG_REASON))
+            .any(|reason| !reason.trim().is_empty());
+        if e - i + 1 > LONGEST_FN && !why {
+            out.push((i + 1, name.to_string(), e - i + 1));
+        }
+    }
+    out
+}
+
+/// No function of src/ runs longer than `LONGEST_FN` lines unless its doc
+/// says why in a line starting `LONG_REASON` (a state machine's one match,
+/// say). Tests are left out: the functions of `#[cfg(test)]` modules and
+/// the files of src/'s `tests/` folders (src/codec/tests/).
+#[test]
+fn long_functions_say_why() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut long = Vec::new();
+    for f in files.iter().filter(|f| !f.split('/').any(|p| p == "tests")) {
+        let code = std::fs::read_to_string(src().join(f)).unwrap();
+        for (line, name, n) in long_functions(&code) {
+            long.push(format!("  src/{f}:{line} {name}: {n} lines"));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions longer than {LONGEST_FN} lines: split them, or say why in a doc line \
+         starting `{LONG_REASON}`\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn long_functions_are_seen_from_fn_to_closing_brace() {
+    let body = |n: usize| "        x();\n".repeat(n);
+    // 2 lines of signature, `n` of body and the brace
+    let item = |doc: &str, n: usize| {
+        format!(
+            "    {doc}\n    pub(crate) unsafe fn f<T>(\n    ) -> T {{\n{}    }}\n",
+            body(n)
+        )
+    };
+    let named = |code: &str| long_functions(code);
+    assert!(named(&item("/// Short.", LONGEST_FN - 3)).is_empty());
+    assert_eq!(
+        named(&item("/// Short.", LONGEST_FN - 2)),
+        [(2, "f".to_string(), LONGEST_FN + 1)]
+    );
+    assert!(named(&item("/// Long: one match.", LONGEST_FN)).is_empty());
+    assert_eq!(named(&item("/// Long:", LONGEST_FN)).len(), 1);
+    let tests = format!("#[cfg(test)]\nmod tests {{\n{}}}\n", item("", LONGEST_FN));
+    assert!(named(&tests).is_empty());
+    // declarations have no body: the next item is not theirs
+    let declared = format!(
+        "extern \"C\" {{\n    fn g(\n        a: i32,\n    );\n}}\n{}",
+        item("", LONGEST_FN)
+    );
+    assert_eq!(named(&declared).len(), 1);
+    assert_eq!(
+        fn_name("pub(crate) const unsafe extern \"C\" fn h<'a>(x: u8) {"),
+        Some("h")
+    );
+    assert_eq!(fn_name("let f = |x| x; // fn not"), None);
 }

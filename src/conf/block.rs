@@ -112,6 +112,11 @@ impl Scanner {
         }
     }
 
+    /// What byte `b` does in the current state.
+    ///
+    /// Long: one match over the states, an arm each, as Lua's lexer reads
+    /// strings, long brackets and comments; split, a state's transitions
+    /// would be read across functions.
     fn next(&mut self, b: u8) -> Next {
         use State::*;
         match self.state {

@@ -4,8 +4,8 @@
 use super::shadow::Shadow;
 use super::watchdog::Running;
 use crate::codec;
-use crate::handoff::job::Job;
 use crate::handoff::job::POSTED;
+use crate::handoff::job::{Expectation, Job};
 use crate::handoff::notify;
 use crate::handoff::outcome::{self, Outcome, PinKey, Ran, OVERLOADED};
 use crate::handoff::payload::LARGE;
@@ -17,6 +17,7 @@ use crate::ngx::{guard, log};
 use crate::stats::{PoolStats, Tally};
 use crate::thread::handler::{Handler, Spec};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,348 +46,523 @@ pub struct Watch {
     pub epoch: Instant,
 }
 
-pub(crate) fn thread_main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, setup: ThreadSetup) {
-    let ThreadSetup {
-        index,
-        threads,
-        stopping,
-        stats,
-        watch,
-        shadow,
-    } = setup;
-    let scheduling = spec.settings.scheduling;
-    os::block_async_signals();
-    let pool = &spec.pool;
-    // nginx's own thread pools log from their threads the same way.
-    let report = |level, args: std::fmt::Arguments| match spec.log {
-        Some(l) => l.message(level, args),
-        None => eprintln!("{}{args}", log::PREFIX),
-    };
-    let debug = |args: std::fmt::Arguments| {
-        if let Some(l) = spec.log {
-            l.debug(args);
-        }
-    };
-    let build = || {
-        guard::catch(|| Handler::build(&spec, index))
-            .and_then(|r| r)
-            .map_err(|e| {
-                report(
-                    log::NGX_LOG_ERR,
-                    format_args!("thread pool \"{pool}\" thread #{index}: {e}"),
-                );
-                format!("thread pool \"{pool}\" is not usable: {e}")
-            })
-    };
-    if let Err(e) = os::set_scheduling(scheduling) {
-        report(
-            log::NGX_LOG_WARN,
-            format_args!(
-                "thread pool \"{pool}\" thread #{index}: cannot set scheduling {scheduling}: {e}"
-            ),
-        );
-    }
-    let collect = |handler: &Handler| {
-        if let Err(e) = handler.collect() {
-            report(
-                log::NGX_LOG_WARN,
-                format_args!("thread pool \"{pool}\": error between tasks: {e}"),
-            );
-        }
-    };
-    let mut handler = build();
-    // A state that ran out of memory and could not be built again (memory
-    // still short): built again before the next job.
-    let mut rebuild = false;
-    // Handlers rebuilt while the event loop still read result strings of
-    // theirs: kept until it has let go of them. Room for one is taken
-    // now, while memory is not short (see `close`).
-    let mut retired: Vec<Handler> = Vec::with_capacity(1);
-    let (unpin_tx, unpin_rx) = unbounded::<PinKey>();
-    let unpin = |handler: &Result<Handler, String>, retired: &mut Vec<Handler>| {
-        for key in unpin_rx.try_iter() {
-            if !handler.as_ref().is_ok_and(|h| h.unpin(key)) {
-                for old in retired.iter() {
-                    old.unpin(key);
-                }
-                retired.retain(Handler::has_pins);
-            }
-        }
-    };
-    let mut spin = Spin::new(SPIN);
-    // Payload bytes handled since the thread last gave memory back.
-    let mut handled = 0;
-    // A claim's result buffers, results and counts (kept for reuse).
-    let mut buffers = Vec::new();
-    let mut results = Vec::new();
-    let mut tally = Tally::default();
-    // Failures of posted tasks since the last line about them, and when.
-    let mut posted_failures = 0u64;
-    let mut last_logged: Option<Instant> = None;
-    loop {
-        unpin(&handler, &mut retired);
-        let job = match next_job(&jobs, handled >= LARGE, &mut spin) {
-            Next::Job(job) => job,
-            Next::Idle => {
-                unpin(&handler, &mut retired);
-                if let Ok(h) = &handler {
-                    collect(h);
-                }
-                os::give_back_free_memory();
-                handled = 0;
-                continue;
-            }
-            Next::Closed => break,
+/// A pool thread: what it was given, its handler, and what it keeps from
+/// one job to the next. Its fields drop in the order declared, the order
+/// in which a function's locals would (the last made first): what the
+/// thread made, its handler last, then what it was given.
+pub(crate) struct PoolThread {
+    /// A claim's results, result buffers and counts (kept for reuse).
+    results: Vec<(usize, Payload)>,
+    buffers: Vec<Vec<u8>>,
+    tally: Tally,
+    /// Failures of posted tasks since the last line about them, and when.
+    posted_failures: u64,
+    last_logged: Option<Instant>,
+    /// Payload bytes handled since the thread last gave memory back.
+    handled: usize,
+    spin: Spin,
+    /// Where the pins of results that the event loop let go of come back.
+    unpin_tx: Sender<PinKey>,
+    unpin_rx: Receiver<PinKey>,
+    /// Handlers rebuilt while the event loop still read result strings of
+    /// theirs: kept until it has let go of them. Room for one is taken at
+    /// the start, while memory is not short (see `close`).
+    retired: Vec<Handler>,
+    /// A state that ran out of memory and could not be built again (memory
+    /// still short): built again before the next job.
+    rebuild: bool,
+    handler: Result<Handler, String>,
+    shadow: Option<Arc<Shadow>>,
+    watch: Watch,
+    stats: &'static PoolStats,
+    stopping: Arc<AtomicBool>,
+    threads: usize,
+    index: usize,
+    done: Sender<Job>,
+    jobs: Receiver<Job>,
+    spec: Spec,
+}
+
+impl PoolThread {
+    /// The thread's body: with its signals blocked, its scheduling set and
+    /// its handler built, it serves the pool's jobs until their channel
+    /// closes.
+    pub(crate) fn main(spec: Spec, jobs: Receiver<Job>, done: Sender<Job>, setup: ThreadSetup) {
+        let ThreadSetup {
+            index,
+            threads,
+            stopping,
+            stats,
+            watch,
+            shadow,
+        } = setup;
+        os::block_async_signals();
+        let (unpin_tx, unpin_rx) = unbounded();
+        let mut thread = PoolThread {
+            results: Vec::new(),
+            buffers: Vec::new(),
+            tally: Tally::default(),
+            posted_failures: 0,
+            last_logged: None,
+            handled: 0,
+            spin: Spin::new(SPIN),
+            unpin_tx,
+            unpin_rx,
+            retired: Vec::with_capacity(1),
+            rebuild: false,
+            // built below, once the scheduling is set
+            handler: Err(String::new()),
+            shadow,
+            watch,
+            stats,
+            stopping,
+            threads,
+            index,
+            done,
+            jobs,
+            spec,
         };
-        if stopping.load(Ordering::Relaxed) {
-            continue;
+        thread.set_scheduling();
+        thread.handler = thread.build();
+        thread.serve();
+    }
+
+    /// Waits for jobs and runs them until the channel closes; an idle
+    /// thread gives memory back.
+    fn serve(&mut self) {
+        loop {
+            self.unpin();
+            match next_job(&self.jobs, self.handled >= LARGE, &mut self.spin) {
+                Next::Job(job) => self.take(job),
+                Next::Idle => self.idle(),
+                Next::Closed => break,
+            }
         }
-        if rebuild {
-            handler = build();
-            rebuild = handler.is_err();
+    }
+
+    /// Runs the tasks of `job` that this thread claims, claim after claim,
+    /// and sends the push back if this thread finished its last task.
+    fn take(&mut self, job: Job) {
+        if self.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        if self.rebuild {
+            self.build_again();
         }
         // One clock read per task: the end of a task is when the next one
         // of the job starts (a claim and a flag apart), and the job's
         // first starts when the job is taken.
         let mut now = Instant::now();
-        while let Some(claim) = job.claim(threads) {
-            stats.taken.fetch_add(claim.len() as u64, Ordering::Relaxed);
-            stats.took(
-                now.saturating_duration_since(job.queued_at),
-                now.saturating_duration_since(watch.epoch),
-            );
-            PoolStats::add(&stats.busy);
-            job.result_buffers(claim.clone(), &mut buffers);
-            for (i, bytes) in claim.zip(buffers.drain(..)) {
-                let (args, spans) = (job.args.part(i), &job.args.spans[..]);
-                handled += args.len() + job.args.borrowed_per_task();
-                // A late task, started, would end after its caller stopped
-                // waiting: the thread serves the tasks behind it instead,
-                // and the caller, if it still waits, hears why at once.
-                let late = || {
-                    job.deadline
-                        .is_some_and(|deadline| stats.late(job.queued_at, deadline, now))
-                };
-                let skipped = if job.cancelled().is_cancelled() {
-                    tally.cancelled += 1;
-                    Some(("its caller gave up", false))
-                } else if late() {
-                    tally.expired += 1;
-                    Some(("its deadline is too close", true))
-                } else {
-                    None
-                };
-                if let Some((why, failed)) = skipped {
-                    debug(format_args!("task {:#x}.{i} skipped: {why}", job.task));
-                    let mut bytes = bytes;
-                    if failed {
-                        outcome::fail(&mut bytes, OVERLOADED);
-                    }
-                    results.push((
-                        i,
-                        Payload {
-                            bytes,
-                            failed,
-                            ..Payload::default()
-                        },
-                    ));
-                    continue;
-                }
-                tally.waited(now.saturating_duration_since(job.queued_at));
-                let started = now;
-                watch
-                    .running
-                    .start(started.duration_since(watch.epoch), job.task);
-                debug(format_args!(
-                    "task {:#x}.{i} started in thread pool \"{pool}\" thread #{index}",
-                    job.task
-                ));
-                // A sampled stream keeps copies of what crosses it, for its
-                // shadow to get the same input and compare its chunks.
-                if let (Some(stream), Some(shadow), None) = (&job.stream, &shadow, &job.expected) {
-                    if shadow.sample_stream() {
-                        stream.record();
-                    }
-                }
-                let mut result = Payload {
-                    bytes,
-                    ..Payload::default()
-                };
-                let outcome = match &handler {
-                    Ok(h) => guard::catch(|| {
-                        // SAFETY: whoever pushed keeps the spans' strings
-                        // alive until the completion reaches the event
-                        // loop, after this.
-                        crate::handoff::stream::serving(job.stream.as_ref(), || unsafe {
-                            h.run(
-                                args,
-                                spans,
-                                &mut result.bytes,
-                                &mut result.spans,
-                                job.cancelled(),
-                            )
-                        })
-                    })
-                    .unwrap_or_else(|panic| {
-                        outcome::fail(&mut result.bytes, &panic);
-                        result.spans.clear();
-                        Ran::from(Outcome::Failed)
-                    }),
-                    Err(msg) => {
-                        outcome::fail(&mut result.bytes, msg);
-                        Ran::from(Outcome::Failed)
-                    }
-                };
-                let Ran {
-                    outcome,
-                    pin,
-                    drained,
-                } = outcome;
-                if outcome == Outcome::OutOfMemory {
-                    // Its state holds the memory that everything from here
-                    // on may need (a log line, the completion, the new
-                    // state): it goes first.
-                    close(
-                        std::mem::replace(&mut handler, Err(String::new())),
-                        &mut retired,
-                        collect,
-                    );
-                }
-                if let (n @ 1.., Some(first)) = drained {
-                    report(
-                        log::NGX_LOG_WARN,
-                        format_args!(
-                            "thread pool \"{pool}\" thread #{index}: {n} finalizers failed after a task: {first}"
-                        ),
-                    );
-                }
-                result.failed = outcome != Outcome::Done;
-                result.pinned = pin.map(|key| Pinned::new(key, unpin_tx.clone()));
-                watch.running.finish();
-                now = Instant::now();
-                tally.ran(now - started);
-                if result.failed {
-                    tally.errors += 1;
-                } else {
-                    tally.completed += 1;
-                }
-                debug(format_args!(
-                    "task {:#x}.{i} finished in thread pool \"{pool}\": {outcome:?}, {} bytes",
-                    job.task,
-                    result.bytes.len()
-                ));
-                if outcome == Outcome::OutOfMemory {
-                    report(
-                        log::NGX_LOG_WARN,
-                        format_args!(
-                            "thread pool \"{pool}\" thread #{index}: {}; rebuilding its Lua state",
-                            codec::NOT_ENOUGH_MEMORY
-                        ),
-                    );
-                    handler = build();
-                    rebuild = handler.is_err();
-                    // the rebuild is the next task's wait, not its run
-                    now = Instant::now();
-                }
-                handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
-                if let Some(expected) = &job.expected {
-                    let chunks = job.stream.as_ref().map(Stream::take_chunks);
-                    let chunks = chunks.as_deref().unwrap_or_default();
-                    // SAFETY: a shadow task's arguments are those Expected::task
-                    // made with expected (shadow.rs keeps them together).
-                    if let Some(line) = unsafe { expected.check(&job.args, &result, chunks) } {
-                        report(log::NGX_LOG_WARN, format_args!("{line}"));
-                    }
-                    continue;
-                }
-                match (&shadow, &job.stream) {
-                    // SAFETY: the task is not finished: the arguments'
-                    // strings and the result's pin are alive.
-                    (Some(shadow), None) => unsafe { shadow.offer(&job, i, &result) },
-                    // a stream its caller let go of sent only part of its
-                    // chunks: nothing to compare
-                    (Some(shadow), Some(stream)) if !job.cancelled().is_cancelled() => {
-                        if let Some(recorded) = stream.take_recorded() {
-                            // SAFETY: the stream's task is not finished: its
-                            // completion has not gone, so the arguments'
-                            // strings and the result's pin are alive.
-                            unsafe { shadow.offer_stream(&job, &result, recorded) };
-                        }
-                    }
-                    _ => {}
-                }
-                if job.task == POSTED {
-                    // Nobody takes the result; a failure is logged (at most
-                    // once a second per thread, with how many were left
-                    // unlogged).
-                    if result.failed {
-                        posted_failures += 1;
-                        if last_logged.is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY) {
-                            report(
-                                log::NGX_LOG_WARN,
-                                format_args!(
-                                    "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
-                                    codec::error_text(&result.bytes),
-                                    posted_failures
-                                ),
-                            );
-                            posted_failures = 0;
-                            last_logged = Some(Instant::now());
-                        }
-                    }
-                    // Nobody reads the result: only its buffer goes back.
-                    result = Payload {
-                        bytes: result.bytes,
-                        ..Payload::default()
-                    };
-                }
-                results.push((i, result));
-            }
-            // The claim's counts are the pool's before its tasks count as
-            // finished (Work::left).
-            tally.flush(stats);
-            PoolStats::sub(&stats.busy);
+        while let Some(claim) = job.claim(self.threads) {
+            self.claim(&job, claim, &mut now);
             if job.expected.is_some() {
                 // a shadow task: nobody takes it back, it ends here (and
                 // the next claim starts with no results of its)
-                results.clear();
+                self.results.clear();
                 continue;
             }
-            if job.finish(&mut results) {
-                if job.task == POSTED {
-                    // Nobody waits: the push goes back to the event loop
-                    // without a wake-up, for its buffers to be freed or
-                    // reused there (Worker::drain): freed here, the event
-                    // loop's allocations made its malloc slow (the arena's
-                    // chunks came back through this thread).
-                    let _ = done.send(job);
-                } else {
-                    // Sent, not cloned: the event loop, the last to hold
-                    // the push, keeps its buffers for reuse (handoff/job.rs).
-                    complete(&done, job);
-                }
-                break;
+            if job.finish(&mut self.results) {
+                self.send_back(job);
+                return;
             }
         }
     }
-}
 
-/// Closes the handler of a thread whose state ran out of memory, first
-/// thing, so that its memory comes back before anything else allocates. If
-/// the event loop still reads strings of it, it stays in `retired` until
-/// they are let go of, with its garbage collected; were there no room left
-/// to keep it, it is leaked, never freed under the event loop's reads.
-fn close(handler: Result<Handler, String>, retired: &mut Vec<Handler>, collect: impl Fn(&Handler)) {
-    match handler {
-        Ok(old) if old.has_pins() => {
-            collect(&old);
-            if retired.try_reserve(1).is_ok() {
-                retired.push(old);
-            } else {
-                std::mem::forget(old);
+    /// Runs the tasks of one claim of `job` into `results`, then adds
+    /// their counts to the pool's.
+    fn claim(&mut self, job: &Job, claim: Range<usize>, now: &mut Instant) {
+        let stats = self.stats;
+        stats.taken.fetch_add(claim.len() as u64, Ordering::Relaxed);
+        stats.took(
+            now.saturating_duration_since(job.queued_at),
+            now.saturating_duration_since(self.watch.epoch),
+        );
+        PoolStats::add(&stats.busy);
+        // out of `self` for the loop, which lends `self` to each task
+        let mut buffers = std::mem::take(&mut self.buffers);
+        job.result_buffers(claim.clone(), &mut buffers);
+        for (i, bytes) in claim.zip(buffers.drain(..)) {
+            if let Some(result) = self.task(job, i, bytes, now) {
+                self.results.push((i, result));
             }
         }
-        closed => drop(closed),
+        self.buffers = buffers;
+        // The claim's counts are the pool's before its tasks count as
+        // finished (Work::left).
+        self.tally.flush(stats);
+        PoolStats::sub(&stats.busy);
+    }
+
+    /// Task `i` of `job`, its result written into `bytes`: skipped or run,
+    /// then compared, offered to the shadow pool or, posted, logged. Its
+    /// result; none for a shadow task, which ends here.
+    fn task(&mut self, job: &Job, i: usize, bytes: Vec<u8>, now: &mut Instant) -> Option<Payload> {
+        self.handled += job.args.part(i).len() + job.args.borrowed_per_task();
+        if let Some((why, failed)) = self.skip(job, *now) {
+            return Some(self.skipped(job, i, bytes, why, failed));
+        }
+        let result = self.run(job, i, bytes, now);
+        self.handled += result.bytes.len() + result.spans.iter().map(|s| s.len).sum::<usize>();
+        if let Some(expected) = &job.expected {
+            self.compare(job, expected.as_ref(), &result);
+            return None;
+        }
+        self.offer(job, i, &result);
+        Some(if job.task == POSTED {
+            self.posted(result)
+        } else {
+            result
+        })
+    }
+
+    /// Why the tasks of `job` are not to run, if they are not (counted):
+    /// their caller gave up, or they are late. A late task, started, would
+    /// end after its caller stopped waiting: the thread serves the tasks
+    /// behind it instead, and the caller, if it still waits, hears why at
+    /// once (true: the task fails).
+    fn skip(&mut self, job: &Job, now: Instant) -> Option<(&'static str, bool)> {
+        if job.cancelled().is_cancelled() {
+            self.tally.cancelled += 1;
+            Some(("its caller gave up", false))
+        } else if job
+            .deadline
+            .is_some_and(|deadline| self.stats.late(job.queued_at, deadline, now))
+        {
+            self.tally.expired += 1;
+            Some(("its deadline is too close", true))
+        } else {
+            None
+        }
+    }
+
+    /// The result of task `i` skipped for `why`: empty, or the overload
+    /// error if it `failed`.
+    fn skipped(&self, job: &Job, i: usize, mut bytes: Vec<u8>, why: &str, failed: bool) -> Payload {
+        self.debug(format_args!("task {:#x}.{i} skipped: {why}", job.task));
+        if failed {
+            outcome::fail(&mut bytes, OVERLOADED);
+        }
+        Payload {
+            bytes,
+            failed,
+            ..Payload::default()
+        }
+    }
+
+    /// Runs task `i` of `job`, watched and counted; `now` becomes the
+    /// time it ended, or the time a state that ran out of memory was built
+    /// again after it.
+    fn run(&mut self, job: &Job, i: usize, bytes: Vec<u8>, now: &mut Instant) -> Payload {
+        let started = *now;
+        self.begin(job, i, started);
+        let mut result = Payload {
+            bytes,
+            ..Payload::default()
+        };
+        let Ran {
+            outcome,
+            pin,
+            drained,
+        } = self.call(job, i, &mut result);
+        if outcome == Outcome::OutOfMemory {
+            // Its state holds the memory that everything from here on may
+            // need (a log line, the completion, the new state): it goes
+            // first.
+            self.close();
+        }
+        if let (n @ 1.., Some(first)) = drained {
+            let (pool, index) = (&self.spec.pool, self.index);
+            self.report(
+                log::NGX_LOG_WARN,
+                format_args!(
+                    "thread pool \"{pool}\" thread #{index}: {n} finalizers failed after a task: {first}"
+                ),
+            );
+        }
+        result.failed = outcome != Outcome::Done;
+        result.pinned = pin.map(|key| Pinned::new(key, self.unpin_tx.clone()));
+        *now = self.end(job, i, started, &outcome, &result);
+        if outcome == Outcome::OutOfMemory {
+            self.out_of_memory();
+            // the rebuild is the next task's wait, not its run
+            *now = Instant::now();
+        }
+        result
+    }
+
+    /// What starts task `i` of `job` at `started`: its wait counted, the
+    /// watchdog told, a sampled stream recorded.
+    fn begin(&mut self, job: &Job, i: usize, started: Instant) {
+        self.tally
+            .waited(started.saturating_duration_since(job.queued_at));
+        self.watch
+            .running
+            .start(started.duration_since(self.watch.epoch), job.task);
+        self.debug(format_args!(
+            "task {:#x}.{i} started in thread pool \"{}\" thread #{}",
+            job.task, self.spec.pool, self.index
+        ));
+        // A sampled stream keeps copies of what crosses it, for its shadow
+        // to get the same input and compare its chunks.
+        if let (Some(stream), Some(shadow), None) = (&job.stream, &self.shadow, &job.expected) {
+            if shadow.sample_stream() {
+                stream.record();
+            }
+        }
+    }
+
+    /// Runs the handler on task `i` of `job`, into `result`; without a
+    /// handler, or if it panics, the task fails with why.
+    fn call(&self, job: &Job, i: usize, result: &mut Payload) -> Ran {
+        let (args, spans) = (job.args.part(i), &job.args.spans[..]);
+        match &self.handler {
+            Ok(h) => guard::catch(|| {
+                // SAFETY: whoever pushed keeps the spans' strings alive
+                // until the completion reaches the event loop, after this.
+                crate::handoff::stream::serving(job.stream.as_ref(), || unsafe {
+                    h.run(
+                        args,
+                        spans,
+                        &mut result.bytes,
+                        &mut result.spans,
+                        job.cancelled(),
+                    )
+                })
+            })
+            .unwrap_or_else(|panic| {
+                outcome::fail(&mut result.bytes, &panic);
+                result.spans.clear();
+                Ran::from(Outcome::Failed)
+            }),
+            Err(msg) => {
+                outcome::fail(&mut result.bytes, msg);
+                Ran::from(Outcome::Failed)
+            }
+        }
+    }
+
+    /// What ends task `i` of `job`, which ran from `started`: the watchdog
+    /// told, the run counted. The time it ended.
+    fn end(
+        &mut self,
+        job: &Job,
+        i: usize,
+        started: Instant,
+        outcome: &Outcome,
+        result: &Payload,
+    ) -> Instant {
+        self.watch.running.finish();
+        let now = Instant::now();
+        self.tally.ran(now - started);
+        if result.failed {
+            self.tally.errors += 1;
+        } else {
+            self.tally.completed += 1;
+        }
+        self.debug(format_args!(
+            "task {:#x}.{i} finished in thread pool \"{}\": {outcome:?}, {} bytes",
+            job.task,
+            self.spec.pool,
+            result.bytes.len()
+        ));
+        now
+    }
+
+    /// Closes the handler of a thread whose state ran out of memory, first
+    /// thing, so that its memory comes back before anything else
+    /// allocates. If the event loop still reads strings of it, it stays in
+    /// `retired` until they are let go of, with its garbage collected;
+    /// were there no room left to keep it, it is leaked, never freed under
+    /// the event loop's reads.
+    fn close(&mut self) {
+        match std::mem::replace(&mut self.handler, Err(String::new())) {
+            Ok(old) if old.has_pins() => {
+                self.collect(&old);
+                if self.retired.try_reserve(1).is_ok() {
+                    self.retired.push(old);
+                } else {
+                    std::mem::forget(old);
+                }
+            }
+            closed => drop(closed),
+        }
+    }
+
+    /// Says that the state ran out of memory and builds a new one (`close`
+    /// let go of the old).
+    fn out_of_memory(&mut self) {
+        let (pool, index) = (&self.spec.pool, self.index);
+        self.report(
+            log::NGX_LOG_WARN,
+            format_args!(
+                "thread pool \"{pool}\" thread #{index}: {}; rebuilding its Lua state",
+                codec::NOT_ENOUGH_MEMORY
+            ),
+        );
+        self.build_again();
+    }
+
+    /// Builds the handler again; `rebuild` stays set while that fails.
+    fn build_again(&mut self) {
+        self.handler = self.build();
+        self.rebuild = self.handler.is_err();
+    }
+
+    /// A shadow task's result compared with the one its sampled task gave,
+    /// `expected` (a line logged if they differ).
+    fn compare(&self, job: &Job, expected: &dyn Expectation, result: &Payload) {
+        let chunks = job.stream.as_ref().map(Stream::take_chunks);
+        let chunks = chunks.as_deref().unwrap_or_default();
+        // SAFETY: a shadow task's arguments are those Expected::task made
+        // with expected (shadow.rs keeps them together).
+        if let Some(line) = unsafe { expected.check(&job.args, result, chunks) } {
+            self.report(log::NGX_LOG_WARN, format_args!("{line}"));
+        }
+    }
+
+    /// Offers task `i` of `job` and its result to this pool's shadow, which
+    /// samples.
+    fn offer(&self, job: &Job, i: usize, result: &Payload) {
+        match (&self.shadow, &job.stream) {
+            // SAFETY: the task is not finished: the arguments' strings and
+            // the result's pin are alive.
+            (Some(shadow), None) => unsafe { shadow.offer(job, i, result) },
+            // a stream its caller let go of sent only part of its chunks:
+            // nothing to compare
+            (Some(shadow), Some(stream)) if !job.cancelled().is_cancelled() => {
+                if let Some(recorded) = stream.take_recorded() {
+                    // SAFETY: the stream's task is not finished: its
+                    // completion has not gone, so the arguments' strings
+                    // and the result's pin are alive.
+                    unsafe { shadow.offer_stream(job, result, recorded) };
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A posted task's result: nobody reads it, only its buffer goes back.
+    /// A failure is logged (at most once a second per thread, with how
+    /// many were left unlogged).
+    fn posted(&mut self, result: Payload) -> Payload {
+        if result.failed {
+            self.posted_failures += 1;
+            if self
+                .last_logged
+                .is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY)
+            {
+                let (pool, index) = (&self.spec.pool, self.index);
+                self.report(
+                    log::NGX_LOG_WARN,
+                    format_args!(
+                        "thread pool \"{pool}\" thread #{index}: posted task failed: {} ({} failed since the last line)",
+                        codec::error_text(&result.bytes),
+                        self.posted_failures
+                    ),
+                );
+                self.posted_failures = 0;
+                self.last_logged = Some(Instant::now());
+            }
+        }
+        Payload {
+            bytes: result.bytes,
+            ..Payload::default()
+        }
+    }
+
+    /// Sends a push whose every task is done back to the event loop.
+    fn send_back(&self, job: Job) {
+        if job.task == POSTED {
+            // Nobody waits: the push goes back to the event loop without a
+            // wake-up, for its buffers to be freed or reused there
+            // (Worker::drain): freed here, the event loop's allocations
+            // made its malloc slow (the arena's chunks came back through
+            // this thread).
+            let _ = self.done.send(job);
+        } else {
+            // Sent, not cloned: the event loop, the last to hold the push,
+            // keeps its buffers for reuse (handoff/job.rs).
+            complete(&self.done, job);
+        }
+    }
+
+    /// No job came for IDLE after large payloads: garbage collected, and
+    /// free memory given back to the system.
+    fn idle(&mut self) {
+        self.unpin();
+        if let Ok(h) = &self.handler {
+            self.collect(h);
+        }
+        os::give_back_free_memory();
+        self.handled = 0;
+    }
+
+    /// Lets go of the result strings the event loop is done with: the
+    /// handler's, or a retired handler's, which closes once it holds none.
+    fn unpin(&mut self) {
+        for key in self.unpin_rx.try_iter() {
+            if !self.handler.as_ref().is_ok_and(|h| h.unpin(key)) {
+                for old in self.retired.iter() {
+                    old.unpin(key);
+                }
+                self.retired.retain(Handler::has_pins);
+            }
+        }
+    }
+
+    /// A new handler, or why there is none (logged).
+    fn build(&self) -> Result<Handler, String> {
+        let (pool, index) = (&self.spec.pool, self.index);
+        guard::catch(|| Handler::build(&self.spec, index))
+            .and_then(|r| r)
+            .map_err(|e| {
+                self.report(
+                    log::NGX_LOG_ERR,
+                    format_args!("thread pool \"{pool}\" thread #{index}: {e}"),
+                );
+                format!("thread pool \"{pool}\" is not usable: {e}")
+            })
+    }
+
+    /// The pool's scheduling for this thread (a warning if refused).
+    fn set_scheduling(&self) {
+        let scheduling = self.spec.settings.scheduling;
+        if let Err(e) = os::set_scheduling(scheduling) {
+            let (pool, index) = (&self.spec.pool, self.index);
+            self.report(
+                log::NGX_LOG_WARN,
+                format_args!(
+                    "thread pool \"{pool}\" thread #{index}: cannot set scheduling {scheduling}: {e}"
+                ),
+            );
+        }
+    }
+
+    /// The handler's garbage collected between tasks (a warning if it fails).
+    fn collect(&self, handler: &Handler) {
+        if let Err(e) = handler.collect() {
+            let pool = &self.spec.pool;
+            self.report(
+                log::NGX_LOG_WARN,
+                format_args!("thread pool \"{pool}\": error between tasks: {e}"),
+            );
+        }
+    }
+
+    /// Logs a line: nginx's own thread pools log from their threads the
+    /// same way.
+    fn report(&self, level: u32, args: std::fmt::Arguments) {
+        match self.spec.log {
+            Some(l) => l.message(level, args),
+            None => eprintln!("{}{args}", log::PREFIX),
+        }
+    }
+
+    /// Logs a debug line, where the log takes them.
+    fn debug(&self, args: std::fmt::Arguments) {
+        if let Some(l) = self.spec.log {
+            l.debug(args);
+        }
     }
 }
 

@@ -19,9 +19,9 @@ pub use error::{WorkerError, OVERLOADED};
 use crate::handoff::job::{Job, PushId, POSTED};
 use crate::handoff::payload::Args;
 use crate::handoff::stream::Stream;
-use crate::ngx::log;
+use crate::ngx::log::{self, Log};
 use crate::thread::handler::Spec;
-use crate::thread::run::{self as threads, thread_main, THREAD_STACK_SIZE};
+use crate::thread::run::{self as threads, PoolThread, THREAD_STACK_SIZE};
 use crate::thread::shadow::{self, Shadow};
 use crate::thread::watchdog;
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -64,9 +64,11 @@ pub struct Worker {
     threads: usize,
     /// Set at exit: threads drop queued jobs instead of running them.
     stopping: Arc<AtomicBool>,
-    /// The watchdog of slow tasks: closing the sender stops it.
-    watchdog: Option<(Sender<()>, JoinHandle<()>)>,
+    watchdog: Option<Watchdog>,
 }
+
+/// The watchdog of slow tasks: closing the sender stops it.
+type Watchdog = (Sender<()>, JoinHandle<()>);
 
 /// What Worker::start needs of a pool.
 pub struct PoolSetup {
@@ -89,9 +91,10 @@ pub fn with_worker<R>(f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
 }
 
 impl Worker {
-    /// Starts the threads of every pool; `specs` pairs each pool's spec
-    /// with its (threads, max_queue). `shared` is this worker's row of the
-    /// shared counters, one per pool, when the status table exists.
+    /// Starts the threads of every pool, as `setups` describe them, and
+    /// the watchdog if a pool has slow tasks watched. `shared` is this
+    /// worker's row of the shared counters, one per pool, when the status
+    /// table exists.
     pub fn start(
         setups: Vec<PoolSetup>,
         shared: Option<&'static [PoolStats]>,
@@ -105,108 +108,25 @@ impl Worker {
         // Every pool's channel and counters first: a pool's threads may
         // send to its shadow's.
         let channels: Vec<_> = setups.iter().map(|_| unbounded::<Job>()).collect();
-        let all_stats: Vec<&'static PoolStats> = setups
-            .iter()
-            .enumerate()
-            .map(|(i, setup)| {
-                // Without the shared table (one process, no http block),
-                // this worker's own; it lives as long as the process.
-                let stats: &'static PoolStats = match shared.and_then(|row| row.get(i)) {
-                    Some(s) => s,
-                    None => Box::leak(Box::default()),
-                };
-                stats.reset();
-                stats.threads.store(setup.threads as u64, Ordering::Relaxed);
-                stats
-            })
-            .collect();
-        let shadows: Vec<Option<Arc<Shadow>>> = setups
-            .iter()
-            .enumerate()
-            .map(|(i, setup)| {
-                let (target, options) = setup.shadow?;
-                let target = shadow::Target {
-                    name: setups.get(target)?.spec.pool.clone(),
-                    index: target,
-                    jobs: channels.get(target)?.0.clone(),
-                    stats: all_stats.get(target)?,
-                    max_queue: setups.get(target)?.max_queue,
-                };
-                let pool = setup.spec.pool.clone();
-                Some(Arc::new(Shadow::new(pool, all_stats[i], options, target)))
-            })
-            .collect();
-        for (i, (setup, shadow)) in setups.into_iter().zip(shadows).enumerate() {
-            let PoolSetup {
-                spec,
-                threads,
-                max_queue,
-                shadow: _,
-            } = setup;
-            let (tx, rx) = channels[i].clone();
-            let stats = all_stats[i];
-            let mut handles = Vec::with_capacity(threads);
-            for i in 0..threads {
-                let running = Arc::new(watchdog::Running::default());
-                if let Some(threshold) = spec.settings.slow_task {
-                    watched.push(watchdog::Watched {
-                        pool: spec.pool.clone(),
-                        thread: i,
-                        threshold,
-                        running: running.clone(),
-                    });
-                }
-                let setup = threads::ThreadSetup {
-                    index: i,
-                    threads,
-                    stopping: stopping.clone(),
-                    stats,
-                    watch: threads::Watch { running, epoch },
-                    shadow: shadow.clone(),
-                };
-                let (thread_spec, rx, done) = (spec.clone(), rx.clone(), done_tx.clone());
-                let handle = std::thread::Builder::new()
-                    .name(format!("tp {}", spec.pool))
-                    .stack_size(THREAD_STACK_SIZE)
-                    .spawn(move || thread_main(thread_spec, rx, done, setup))
-                    .map_err(|err| WorkerError::ThreadSpawn {
-                        pool: spec.pool.clone(),
-                        err,
-                    })?;
-                handles.push(handle);
-            }
-            log::message(
-                log::NGX_LOG_NOTICE,
-                format_args!(
-                    "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {}",
-                    spec.pool, spec.settings.scheduling
-                ),
-            );
-            pools.push(Pool {
-                name: spec.pool,
-                max_queue,
-                jobs: Some(tx),
-                threads: handles,
-                stats,
-                taken: 0,
-            });
-        }
-        let watchdog = if watched.is_empty() {
-            None
-        } else {
-            let (stop_tx, stop_rx) = unbounded();
-            let handle = std::thread::Builder::new()
-                .name("tp watchdog".into())
-                .spawn(move || {
-                    crate::ngx::os::block_async_signals();
-                    watchdog::watch(watched, epoch, log, stop_rx)
-                })
-                .map_err(|err| WorkerError::ThreadSpawn {
-                    pool: "(watchdog)".into(),
-                    err,
-                })?;
-            Some((stop_tx, handle))
+        let all_stats = pool_stats(&setups, shared);
+        let shadows = shadows(&setups, &channels, &all_stats);
+        let given = Given {
+            stopping: &stopping,
+            epoch,
+            done: &done_tx,
         };
+        for (i, (setup, shadow)) in setups.into_iter().zip(shadows).enumerate() {
+            let pool = spawn_pool(
+                setup,
+                &channels[i],
+                all_stats[i],
+                shadow,
+                &given,
+                &mut watched,
+            )?;
+            pools.push(pool);
+        }
+        let watchdog = start_watchdog(watched, epoch, log)?;
         let mut tasks = Tasks::default();
         tasks.stats = pools.iter().map(|p| p.stats).collect();
         tasks.large_results = vec![false; pools.len()];
@@ -423,4 +343,149 @@ pub fn stop(grace: Duration) {
         );
     }
     worker.tasks.clear();
+}
+
+/// Each pool's counters, reset, with its thread count: in this worker's
+/// row of the shared table, or, without one (one process, no http block),
+/// this worker's own, which live as long as the process.
+fn pool_stats(
+    setups: &[PoolSetup],
+    shared: Option<&'static [PoolStats]>,
+) -> Vec<&'static PoolStats> {
+    setups
+        .iter()
+        .enumerate()
+        .map(|(i, setup)| {
+            let stats: &'static PoolStats = match shared.and_then(|row| row.get(i)) {
+                Some(s) => s,
+                None => Box::leak(Box::default()),
+            };
+            stats.reset();
+            stats.threads.store(setup.threads as u64, Ordering::Relaxed);
+            stats
+        })
+        .collect()
+}
+
+/// Each pool's sampler of tasks for its shadow pool, if it has one.
+fn shadows(
+    setups: &[PoolSetup],
+    channels: &[(Sender<Job>, Receiver<Job>)],
+    all_stats: &[&'static PoolStats],
+) -> Vec<Option<Arc<Shadow>>> {
+    setups
+        .iter()
+        .enumerate()
+        .map(|(i, setup)| {
+            let (target, options) = setup.shadow?;
+            let target = shadow::Target {
+                name: setups.get(target)?.spec.pool.clone(),
+                index: target,
+                jobs: channels.get(target)?.0.clone(),
+                stats: all_stats.get(target)?,
+                max_queue: setups.get(target)?.max_queue,
+            };
+            let pool = setup.spec.pool.clone();
+            Some(Arc::new(Shadow::new(pool, all_stats[i], options, target)))
+        })
+        .collect()
+}
+
+/// What the worker gives every pool thread alike.
+struct Given<'a> {
+    stopping: &'a Arc<AtomicBool>,
+    /// The time the watchdog and the threads count from.
+    epoch: Instant,
+    /// Where the threads send finished pushes back.
+    done: &'a Sender<Job>,
+}
+
+/// Starts the threads of a pool, which read `channel`'s jobs; those the
+/// watchdog watches (`thread_pool_slow_task`) are added to `watched`.
+fn spawn_pool(
+    setup: PoolSetup,
+    channel: &(Sender<Job>, Receiver<Job>),
+    stats: &'static PoolStats,
+    shadow: Option<Arc<Shadow>>,
+    given: &Given,
+    watched: &mut Vec<watchdog::Watched>,
+) -> Result<Pool, WorkerError> {
+    let PoolSetup {
+        spec,
+        threads,
+        max_queue,
+        shadow: _,
+    } = setup;
+    let (tx, rx) = channel.clone();
+    let mut handles = Vec::with_capacity(threads);
+    for i in 0..threads {
+        let running = Arc::new(watchdog::Running::default());
+        if let Some(threshold) = spec.settings.slow_task {
+            watched.push(watchdog::Watched {
+                pool: spec.pool.clone(),
+                thread: i,
+                threshold,
+                running: running.clone(),
+            });
+        }
+        let setup = threads::ThreadSetup {
+            index: i,
+            threads,
+            stopping: given.stopping.clone(),
+            stats,
+            watch: threads::Watch {
+                running,
+                epoch: given.epoch,
+            },
+            shadow: shadow.clone(),
+        };
+        let (thread_spec, rx, done) = (spec.clone(), rx.clone(), given.done.clone());
+        let handle = std::thread::Builder::new()
+            .name(format!("tp {}", spec.pool))
+            .stack_size(THREAD_STACK_SIZE)
+            .spawn(move || PoolThread::main(thread_spec, rx, done, setup))
+            .map_err(|err| WorkerError::ThreadSpawn {
+                pool: spec.pool.clone(),
+                err,
+            })?;
+        handles.push(handle);
+    }
+    log::message(
+        log::NGX_LOG_NOTICE,
+        format_args!(
+            "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {}",
+            spec.pool, spec.settings.scheduling
+        ),
+    );
+    Ok(Pool {
+        name: spec.pool,
+        max_queue,
+        jobs: Some(tx),
+        threads: handles,
+        stats,
+        taken: 0,
+    })
+}
+
+/// The watchdog of slow tasks, if any thread is watched.
+fn start_watchdog(
+    watched: Vec<watchdog::Watched>,
+    epoch: Instant,
+    log: Option<Log>,
+) -> Result<Option<Watchdog>, WorkerError> {
+    if watched.is_empty() {
+        return Ok(None);
+    }
+    let (stop_tx, stop_rx) = unbounded();
+    let handle = std::thread::Builder::new()
+        .name("tp watchdog".into())
+        .spawn(move || {
+            crate::ngx::os::block_async_signals();
+            watchdog::watch(watched, epoch, log, stop_rx)
+        })
+        .map_err(|err| WorkerError::ThreadSpawn {
+            pool: "(watchdog)".into(),
+            err,
+        })?;
+    Ok(Some((stop_tx, handle)))
 }
