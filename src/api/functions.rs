@@ -32,7 +32,7 @@
 
 use crate::codec::{self, Borrow, Source, Span};
 use crate::conf::MainConf;
-use crate::handoff::job::PushId;
+use crate::handoff::job::{PoolId, PushId};
 use crate::handoff::payload::{Args, Payload};
 use crate::luajit::stack;
 use crate::ngx::guard;
@@ -190,7 +190,7 @@ unsafe fn lender(l: *mut lua_State) -> Option<&'static MainConf> {
 ///
 /// # Safety
 /// As refused.
-unsafe fn borrow_of(l: *mut lua_State, pool: usize) -> Option<Borrow> {
+unsafe fn borrow_of(l: *mut lua_State, pool: PoolId) -> Option<Borrow> {
     // SAFETY: l is the running coroutine on the event loop (this function's
     // contract), as lender needs.
     let min = unsafe { lender(l) }?.pools.get(pool)?.settings.zero_copy?;
@@ -427,7 +427,7 @@ pub(super) unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
 ///
 /// # Safety
 /// As refused, with the arguments checked.
-pub(super) unsafe fn push_one(l: *mut lua_State, pool: usize, mode: Mode, first: c_int) -> c_int {
+pub(super) unsafe fn push_one(l: *mut lua_State, pool: PoolId, mode: Mode, first: c_int) -> c_int {
     // SAFETY: called from push or push_stream on the caller's stack with
     // the pool and mode checked; the values to encode are at first..=top.
     unsafe {
@@ -544,7 +544,7 @@ unsafe fn deadline_arg(l: *mut lua_State, i: c_int, f: &CStr, ms: c_int) -> Opti
 
 /// Whether `n` tasks with `deadline` may be pushed to pool `pool`: always
 /// without one (or outside a worker, where the push fails on its own).
-fn admitted(pool: usize, n: usize, deadline: Option<Duration>) -> bool {
+fn admitted(pool: PoolId, n: usize, deadline: Option<Duration>) -> bool {
     let Some(deadline) = deadline else {
         return true;
     };
@@ -581,7 +581,7 @@ pub(super) enum Mode {
 /// As refused, with `args` encoded from `values`.
 unsafe fn queue(
     l: *mut lua_State,
-    pool: usize,
+    pool: PoolId,
     mode: Mode,
     args: Args,
     values: Values,
@@ -661,7 +661,7 @@ pub(super) unsafe fn caller_of(l: *mut lua_State) -> Option<Result<(Request, Cal
 }
 
 /// Queues the tasks for the running coroutine and starts its wait.
-fn queue_and_wait(l: *mut lua_State, pool: usize, mode: Mode, args: Args, anchor: u64) -> Queued {
+fn queue_and_wait(l: *mut lua_State, pool: PoolId, mode: Mode, args: Args, anchor: u64) -> Queued {
     // SAFETY: l is the running coroutine (queue's contract).
     let (r, caller) = match unsafe { caller_of(l) } {
         None => return Queued::Refused(BAD_CONTEXT, String::new()),

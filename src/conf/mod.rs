@@ -19,6 +19,7 @@ pub mod block;
 mod error;
 pub mod settings;
 
+use crate::handoff::job::PoolId;
 use crate::native::{self, Library};
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
@@ -78,7 +79,7 @@ pub struct MainConf {
 /// A pool's shadow as configured.
 pub struct ShadowConf {
     /// The shadow's index in MainConf::pools.
-    pub pool: usize,
+    pub pool: PoolId,
     pub options: ShadowOptions,
     /// Where the directive is, for errors found once all is read.
     pub at: String,

@@ -27,6 +27,11 @@ use std::time::{Duration, Instant};
 /// forged or another request's.
 pub type PushId = u64;
 
+/// A pool by its place: its index in the http conf's pools, in a worker's
+/// pools and in each row of the status table, and the id the shim's pool
+/// objects hold (`tp.NAME`). Its name is the pool's `name`.
+pub type PoolId = usize;
+
 /// The handle of a posted task (post_task): no record, no caller. Real
 /// handles have a generation of at least 1.
 pub const POSTED: PushId = 0;
@@ -49,7 +54,7 @@ pub struct Work {
     /// The record on the event loop (POSTED for a posted task).
     pub task: PushId,
     /// The pool it was pushed to, by index.
-    pub pool: usize,
+    pub pool: PoolId,
     /// Read by the threads that claim tasks; the spans' bytes are kept
     /// alive by whoever pushed until the completion reaches the event loop.
     pub args: Args,
@@ -95,7 +100,7 @@ impl Work {
     pub fn new(
         spare: Option<Job>,
         task: PushId,
-        pool: usize,
+        pool: PoolId,
         args: Args,
         results: Vec<Payload>,
         deadline: Option<Duration>,
@@ -117,7 +122,7 @@ impl Work {
 
     /// A shadow task: `args` (one task) run again on the shadow pool, to
     /// compare with `expected`; nobody takes its result.
-    pub fn shadowing(pool: usize, args: Args, expected: Box<dyn Expectation>) -> Job {
+    pub fn shadowing(pool: PoolId, args: Args, expected: Box<dyn Expectation>) -> Job {
         Arc::new(Work::with(
             POSTED,
             pool,
@@ -130,7 +135,7 @@ impl Work {
 
     fn with(
         task: PushId,
-        pool: usize,
+        pool: PoolId,
         args: Args,
         expected: Option<Box<dyn Expectation>>,
         mut results: Vec<Payload>,

@@ -16,7 +16,8 @@ use crate::vm::{self, ThreadVm};
 /// What a thread needs to build its handler; cloned into every thread.
 #[derive(Clone)]
 pub struct Spec {
-    pub pool: String,
+    /// The pool's name, as configured.
+    pub name: String,
     pub log: Option<Log>,
     pub settings: Settings,
     pub kind: Kind,
@@ -41,10 +42,10 @@ impl Handler {
     pub fn build(spec: &Spec, thread: usize) -> Result<Handler, String> {
         match &spec.kind {
             Kind::Lua(lua) => {
-                ThreadVm::new(lua, &spec.pool, spec.log, spec.settings.zero_copy).map(Handler::Lua)
+                ThreadVm::new(lua, &spec.name, spec.log, spec.settings.zero_copy).map(Handler::Lua)
             }
             Kind::Native(native) => {
-                native::State::new(native, &spec.pool, spec.log, thread).map(Handler::Native)
+                native::State::new(native, &spec.name, spec.log, thread).map(Handler::Native)
             }
         }
     }

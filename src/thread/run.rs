@@ -271,7 +271,7 @@ impl PoolThread {
             self.close();
         }
         if let (n @ 1.., Some(first)) = drained {
-            let (pool, index) = (&self.spec.pool, self.index);
+            let (pool, index) = (&self.spec.name, self.index);
             self.report(
                 log::NGX_LOG_WARN,
                 format_args!(
@@ -300,7 +300,7 @@ impl PoolThread {
             .start(started.duration_since(self.watch.epoch), job.task);
         self.debug(format_args!(
             "task {:#x}.{i} started in thread pool \"{}\" thread #{}",
-            job.task, self.spec.pool, self.index
+            job.task, self.spec.name, self.index
         ));
         // A sampled stream keeps copies of what crosses it, for its shadow
         // to get the same input and compare its chunks.
@@ -362,7 +362,7 @@ impl PoolThread {
         self.debug(format_args!(
             "task {:#x}.{i} finished in thread pool \"{}\": {outcome:?}, {} bytes",
             job.task,
-            self.spec.pool,
+            self.spec.name,
             result.bytes.len()
         ));
         now
@@ -391,7 +391,7 @@ impl PoolThread {
     /// Says that the state ran out of memory and builds a new one (`close`
     /// let go of the old).
     fn out_of_memory(&mut self) {
-        let (pool, index) = (&self.spec.pool, self.index);
+        let (pool, index) = (&self.spec.name, self.index);
         self.report(
             log::NGX_LOG_WARN,
             format_args!(
@@ -451,7 +451,7 @@ impl PoolThread {
                 .last_logged
                 .is_none_or(|t: Instant| t.elapsed() >= POSTED_LOG_EVERY)
             {
-                let (pool, index) = (&self.spec.pool, self.index);
+                let (pool, index) = (&self.spec.name, self.index);
                 self.report(
                     log::NGX_LOG_WARN,
                     format_args!(
@@ -512,7 +512,7 @@ impl PoolThread {
 
     /// A new handler, or why there is none (logged).
     fn build(&self) -> Result<Handler, String> {
-        let (pool, index) = (&self.spec.pool, self.index);
+        let (pool, index) = (&self.spec.name, self.index);
         guard::catch(|| Handler::build(&self.spec, index))
             .and_then(|r| r)
             .map_err(|e| {
@@ -528,7 +528,7 @@ impl PoolThread {
     fn set_scheduling(&self) {
         let scheduling = self.spec.settings.scheduling;
         if let Err(e) = os::set_scheduling(scheduling) {
-            let (pool, index) = (&self.spec.pool, self.index);
+            let (pool, index) = (&self.spec.name, self.index);
             self.report(
                 log::NGX_LOG_WARN,
                 format_args!(
@@ -541,7 +541,7 @@ impl PoolThread {
     /// The handler's garbage collected between tasks (a warning if it fails).
     fn collect(&self, handler: &Handler) {
         if let Err(e) = handler.collect() {
-            let pool = &self.spec.pool;
+            let pool = &self.spec.name;
             self.report(
                 log::NGX_LOG_WARN,
                 format_args!("thread pool \"{pool}\": error between tasks: {e}"),

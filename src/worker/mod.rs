@@ -16,7 +16,7 @@ pub mod tasks;
 use crate::stats::PoolStats;
 pub use error::{WorkerError, OVERLOADED};
 
-use crate::handoff::job::{Job, PushId, POSTED};
+use crate::handoff::job::{Job, PoolId, PushId, POSTED};
 use crate::handoff::payload::Args;
 use crate::handoff::stream::Stream;
 use crate::ngx::log::{self, Log};
@@ -157,7 +157,7 @@ impl Worker {
     /// within `timeout`, their deadline: Overloaded, counted, if not. A
     /// few loads and a comparison, before the push's arguments are even
     /// encoded, so that a refusal costs the event loop next to nothing.
-    pub fn admit(&self, pool: usize, n: usize, timeout: Duration) -> Result<(), WorkerError> {
+    pub fn admit(&self, pool: PoolId, n: usize, timeout: Duration) -> Result<(), WorkerError> {
         let stats = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?.stats;
         let timeout_us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
         if stats.admits(n as u64, timeout_us) {
@@ -183,7 +183,7 @@ impl Worker {
     /// anchor is reaped or the result taken (posted tasks borrow nothing).
     pub unsafe fn push(
         &mut self,
-        pool: usize,
+        pool: PoolId,
         caller: Option<Caller>,
         args: Args,
         anchor: u64,
@@ -255,7 +255,7 @@ impl Worker {
     }
 
     /// The counters of pool `pool`.
-    pub fn stats(&self, pool: usize) -> Option<&'static PoolStats> {
+    pub fn stats(&self, pool: PoolId) -> Option<&'static PoolStats> {
         Some(self.pools.get(pool)?.stats)
     }
 
@@ -379,13 +379,13 @@ fn shadows(
         .map(|(i, setup)| {
             let (target, options) = setup.shadow?;
             let target = shadow::Target {
-                name: setups.get(target)?.spec.pool.clone(),
+                name: setups.get(target)?.spec.name.clone(),
                 index: target,
                 jobs: channels.get(target)?.0.clone(),
                 stats: all_stats.get(target)?,
                 max_queue: setups.get(target)?.max_queue,
             };
-            let pool = setup.spec.pool.clone();
+            let pool = setup.spec.name.clone();
             Some(Arc::new(Shadow::new(pool, all_stats[i], options, target)))
         })
         .collect()
@@ -422,7 +422,7 @@ fn spawn_pool(
         let running = Arc::new(watchdog::Running::default());
         if let Some(threshold) = spec.settings.slow_task {
             watched.push(watchdog::Watched {
-                pool: spec.pool.clone(),
+                pool: spec.name.clone(),
                 thread: i,
                 threshold,
                 running: running.clone(),
@@ -441,11 +441,11 @@ fn spawn_pool(
         };
         let (thread_spec, rx, done) = (spec.clone(), rx.clone(), given.done.clone());
         let handle = std::thread::Builder::new()
-            .name(format!("tp {}", spec.pool))
+            .name(format!("tp {}", spec.name))
             .stack_size(THREAD_STACK_SIZE)
             .spawn(move || PoolThread::main(thread_spec, rx, done, setup))
             .map_err(|err| WorkerError::ThreadSpawn {
-                pool: spec.pool.clone(),
+                pool: spec.name.clone(),
                 err,
             })?;
         handles.push(handle);
@@ -454,11 +454,11 @@ fn spawn_pool(
         log::NGX_LOG_NOTICE,
         format_args!(
             "thread pool \"{}\": {threads} threads, queue bound {max_queue}, {}",
-            spec.pool, spec.settings.scheduling
+            spec.name, spec.settings.scheduling
         ),
     );
     Ok(Pool {
-        name: spec.pool,
+        name: spec.name,
         max_queue,
         jobs: Some(tx),
         threads: handles,

@@ -75,7 +75,7 @@ pub unsafe fn init_process(
                 conf::Process::Native(native) => handler::Kind::Native(native),
             };
             let spec = handler::Spec {
-                pool: p.name.clone(),
+                name: p.name.clone(),
                 log,
                 settings: p.settings,
                 kind,

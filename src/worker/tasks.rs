@@ -8,7 +8,7 @@
 //! semaphore a caller waits on belongs to the record, never to the Lua GC.
 
 use super::{with_worker, WorkerError};
-use crate::handoff::job::{Job, PushId, Work};
+use crate::handoff::job::{Job, PoolId, PushId, Work};
 use crate::handoff::payload::KEEP;
 use crate::handoff::payload::{Args, Payload};
 use crate::handoff::stream::{Taken, Written};
@@ -205,7 +205,7 @@ impl Tasks {
     pub fn work(
         &mut self,
         task: PushId,
-        pool: usize,
+        pool: PoolId,
         args: Args,
         deadline: Option<Duration>,
     ) -> Job {
@@ -218,7 +218,7 @@ impl Tasks {
 
     /// A buffer for a result of pool `pool` to be written in: a spare,
     /// unless the pool's results outgrow them.
-    pub fn result_buffer(&mut self, pool: usize) -> Vec<u8> {
+    pub fn result_buffer(&mut self, pool: PoolId) -> Vec<u8> {
         if self.large_results.get(pool).copied().unwrap_or(false) {
             Vec::new()
         } else {
@@ -254,7 +254,7 @@ impl Tasks {
     pub unsafe fn start(
         &mut self,
         caller: Caller,
-        pool: usize,
+        pool: PoolId,
         anchor: u64,
         stream: bool,
     ) -> Result<PushId, WorkerError> {
