@@ -255,14 +255,16 @@ fn module_of(file: &str) -> String {
 
 /// The files `code` (the file `file`) refers to by a path: `crate::a::b`
 /// and, in a folder's mod.rs, its own children (`use a::b`), each resolved
-/// to the longest prefix that is a module of `files`. `super::` is left
-/// out: a child reaching its folder's mod.rs is how a folder is built,
-/// and inside `mod tests` it means the file itself.
+/// to the longest prefix that is a module of `files`; in a folder's other
+/// files, `super::sibling::…` too (its sibling file). Any other `super::`
+/// is left out: a child reaching its folder's mod.rs is how a folder is
+/// built, and inside `mod tests` it means the file itself.
 fn imports(file: &str, code: &str, files: &BTreeSet<String>) -> BTreeSet<String> {
     let by_module: std::collections::BTreeMap<String, &String> =
         files.iter().map(|f| (module_of(f), f)).collect();
     let here = module_of(file);
     let is_folder = file.ends_with("mod.rs") || file == "lib.rs";
+    let parent = here.rsplit_once("::").map_or("", |(p, _)| p);
     let mut out = BTreeSet::new();
     let ident = |c: char| c.is_alphanumeric() || c == '_';
     for line in code.lines() {
@@ -296,6 +298,14 @@ fn imports(file: &str, code: &str, files: &BTreeSet<String>) -> BTreeSet<String>
                 Some(w) if is_folder && by_module.contains_key(&join(&here, w)) => {
                     words.insert(0, "self");
                     here.clone()
+                }
+                Some(&"super")
+                    if !is_folder
+                        && words
+                            .get(1)
+                            .is_some_and(|w| by_module.contains_key(&join(parent, w))) =>
+                {
+                    parent.to_string()
                 }
                 _ => continue,
             };
@@ -382,6 +392,7 @@ fn imports_are_read_from_crate_super_and_child_paths() {
     let files: BTreeSet<String> = [
         "lib.rs",
         "worker/mod.rs",
+        "worker/gate.rs",
         "worker/tasks.rs",
         "pool/thread.rs",
     ]
@@ -397,6 +408,12 @@ fn imports_are_read_from_crate_super_and_child_paths() {
         ["worker/mod.rs"]
     );
     assert!(got("worker/tasks.rs", "use super::Thing;").is_empty());
+    assert!(got("worker/tasks.rs", "    use super::*;").is_empty());
+    assert_eq!(
+        got("worker/tasks.rs", "use super::gate::{Gate, Slot};"),
+        ["worker/gate.rs"]
+    );
+    assert!(got("worker/mod.rs", "use super::gate::Gate;").is_empty());
     assert_eq!(
         got("pool/thread.rs", "use crate::{worker::tasks, pool};"),
         ["worker/tasks.rs"]

@@ -5,7 +5,7 @@
 //! (api/status.rs), with the kind, unit and help both show. Adding a
 //! number is adding an entry.
 
-use super::histogram::{Histogram, BUCKETS};
+use super::histogram::{Histogram, Reading};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What Prometheus calls a number (`# TYPE`).
@@ -52,17 +52,6 @@ pub enum Labels {
     Pool,
     /// `pool` and `shadow`: only pools with a shadow have the series.
     Shadow,
-}
-
-/// A number as read now.
-pub enum Reading {
-    Number(u64),
-    /// Observations per bucket (bounds BUCKET_BOUNDS_US, not cumulative)
-    /// and their sum, in µs.
-    Histogram {
-        buckets: [u64; BUCKETS],
-        sum_us: u64,
-    },
 }
 
 /// A number that `stats()` and `thread_pool_status` show.
@@ -302,6 +291,7 @@ impl PoolStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::histogram::BUCKETS;
     use std::collections::BTreeSet;
 
     /// What Prometheus's naming asks of a metric, and what the renderers

@@ -2,7 +2,6 @@
 //! by `stats()` and `thread_pool_status`, and a pool thread's own, added to
 //! the pool's at once (tally.rs).
 
-use super::counters::Reading;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -10,6 +9,17 @@ use std::time::Duration;
 /// by powers of ten; the last bucket holds everything above.
 pub const BUCKET_BOUNDS_US: [u64; 7] = [10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
 pub const BUCKETS: usize = BUCKET_BOUNDS_US.len() + 1;
+
+/// A number as read now.
+pub enum Reading {
+    Number(u64),
+    /// Observations per bucket (bounds BUCKET_BOUNDS_US, not cumulative)
+    /// and their sum, in µs.
+    Histogram {
+        buckets: [u64; BUCKETS],
+        sum_us: u64,
+    },
+}
 
 #[repr(C)]
 #[derive(Default)]

@@ -11,7 +11,7 @@ mod histogram;
 mod status_table;
 mod tally;
 
-pub use counters::{Kind, Labels, PoolStats, Reading, Stat, Unit, STATS};
-pub use histogram::{Histogram, BUCKET_BOUNDS_US};
+pub use counters::{Kind, Labels, PoolStats, Stat, Unit, STATS};
+pub use histogram::{Histogram, Reading, BUCKET_BOUNDS_US};
 pub use status_table::StatusTable;
 pub use tally::Tally;
