@@ -6,6 +6,8 @@
 #include <ngx_event.h>
 #include <ngx_http.h>
 #include <ngx_thread_pool.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 /* Macros bindgen cannot evaluate, turned into constants. */
 const char *NGX_RS_MODULE_SIGNATURE = NGX_MODULE_SIGNATURE;
@@ -13,3 +15,4 @@ const ngx_uint_t NGX_RS_HTTP_MAIN_CONF_OFFSET = NGX_HTTP_MAIN_CONF_OFFSET;
 const ngx_uint_t NGX_RS_READ_EVENT = NGX_READ_EVENT;
 const ngx_uint_t NGX_RS_EXCLUSIVE_EVENT = NGX_EXCLUSIVE_EVENT;
 const ngx_uint_t NGX_RS_CLEAR_EVENT = NGX_CLEAR_EVENT;
+const long NGX_RS_SYS_FUTEX = SYS_futex;

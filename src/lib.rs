@@ -16,8 +16,8 @@
 //!
 //! - `api/`: what the event loop offers its Lua code. The C functions
 //!   behind lua/resty/threadpool.lua: their registration (`mod.rs`), tasks
-//!   (`functions.rs`), streams (`streams.rs`); and `thread_pool_status`
-//!   (`status.rs`).
+//!   (`functions.rs`), streams (`streams.rs`), updates (`updates.rs`);
+//!   and `thread_pool_status` (`status.rs`).
 //! - `worker/`: the event loop's side of the hand-off. The worker's pools
 //!   and completions (`mod.rs`), init_process and exit_process
 //!   (`process.rs`), task records (`tasks.rs`), the accept gate
@@ -25,7 +25,8 @@
 //! - `thread/`: the pool threads' side. A thread's loop (`run.rs`), the
 //!   seam over the two kinds of handler (`handler.rs`), shadow comparison
 //!   (`shadow.rs`: POOL's half, `compare.rs`: SHADOW's half), the watchdog
-//!   (`watchdog.rs`).
+//!   (`watchdog.rs`), the update thread and a thread's updates
+//!   (`updates.rs`).
 //! - `conf/`: configuration, read in the master. The directives' setters
 //!   and the http main conf (`mod.rs`), `*_by_lua_block` reading
 //!   (`block.rs`), its errors (`error.rs`), a pool's settings declared in
@@ -41,7 +42,8 @@
 //!   handle (`job.rs`), encoded values (`payload.rs`), cancellation and
 //!   outcome (`outcome.rs`), a stream's chunks (`stream.rs`), the wake-up
 //!   of the event loop (`notify.rs`), the adaptive poll both sides wait
-//!   with (`spin.rs`).
+//!   with (`spin.rs`), a pool's latest update in shared memory
+//!   (`update.rs`).
 //! - `stats/`: what both sides count and every worker's status page reads.
 //!   A pool's numbers declared once, in the one table that lays them out
 //!   and names them for `stats()` and `thread_pool_status` (`counters.rs`);
@@ -49,7 +51,8 @@
 //!   (`tally.rs`), the queue bound and the admission estimate
 //!   (`admission.rs`), the shared-memory table of every worker's
 //!   (`status_table.rs`), the accept gate's state in that table
-//!   (`gate.rs`).
+//!   (`gate.rs`), the update versions of every thread in it
+//!   (`versions.rs`).
 //! - `codec/`: MessagePack between the sides. The format's limits and
 //!   writer (`format.rs`), `encode.rs`, `decode.rs`, error texts
 //!   (`message.rs`), a payload as a Rust tree (`value.rs`).
@@ -79,6 +82,12 @@
 //!   `handoff/stream.rs` (the chunks both sides share) → `vm/cancel.rs` or
 //!   `native/mod.rs` (send, receive) → `worker/tasks.rs` (the record's
 //!   chunks).
+//! - an update: `api/updates.rs` (update) → `handoff/update.rs` (the
+//!   pool's zone, every worker's) → `thread/updates.rs` (each worker's
+//!   update thread) → `thread/run.rs` (applied between two tasks) →
+//!   `thread/handler.rs` → `vm/` (the update chunk) or `native/`
+//!   (ngx_threadpool_update) → `stats/versions.rs` (each thread's
+//!   version, read by the caller's wait).
 //! - shadowing: `conf/mod.rs` (thread_pool_shadow) → `thread/shadow.rs`
 //!   (POOL's sample) → `handoff/job.rs` (the shadow task) →
 //!   `thread/compare.rs` (SHADOW's comparison) → `stats/` (its counters).
@@ -94,10 +103,10 @@
 //! | `luajit/` | `mod.rs` `alloc.rs` `call.rs` `stack.rs` | the Lua C API below mlua's safe API |
 //! | (root) | `lib.rs` | the module record and the hooks nginx calls with raw pointers |
 //! | `conf/` | `mod.rs` | the setters nginx calls with its configuration; the main conf in a cycle |
-//! | `api/` | `mod.rs` `functions.rs` `streams.rs` `status.rs` | the shim's C functions on the caller's Lua stack (their registration, tasks, streams); the status handler |
+//! | `api/` | `mod.rs` `functions.rs` `streams.rs` `status.rs` `updates.rs` | the shim's C functions on the caller's Lua stack (their registration, tasks, streams, updates); the status handler |
 //! | `worker/` | `mod.rs` `process.rs` `tasks.rs` | task lists in a request's pool, init_process |
 //! | `stats/` | `status_table.rs` | counters in shared memory |
-//! | `handoff/` | `job.rs` `notify.rs` `stream.rs` | a shadow task's check, unsafe to call on other arguments than its own; the wake-up's nginx event and eventfd; the stream of the task a pool thread runs, which its handler's sends reach |
+//! | `handoff/` | `job.rs` `notify.rs` `stream.rs` `update.rs` | a shadow task's check, unsafe to call on other arguments than its own; the wake-up's nginx event and eventfd; the stream of the task a pool thread runs, which its handler's sends reach; the update zone's memory |
 //! | `thread/` | `compare.rs` `handler.rs` `run.rs` `shadow.rs` | a task's borrowed bytes (spans), alive until its completion |
 //! | `vm/` | `cancel.rs` `mod.rs` `task.rs` | the protected calls' C functions on a thread's Lua state |
 //! | `native/` | `library.rs` `mod.rs` | the handler library's C functions |
@@ -118,7 +127,7 @@ pub mod vm;
 pub mod worker;
 
 use api::status;
-use conf::{settings, MainConf, BLOCK, FILE, INIT, PROCESS};
+use conf::{settings, MainConf, BLOCK, FILE, INIT, PROCESS, UPDATE};
 use ngx::conf::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::module::{command, module, NULL_COMMAND};
 use ngx::{ngx_string, sys};
@@ -129,7 +138,7 @@ const TAKE2_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_TAKE2;
 const BLOCK_MAIN: u32 = sys::NGX_HTTP_MAIN_CONF | sys::NGX_CONF_BLOCK | sys::NGX_CONF_TAKE1;
 
 /// The directives other than the settings' (conf/settings.rs).
-const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 11] = [
+const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 14] = [
     command(
         ngx_string(c"thread_pool_init_by_lua"),
         TAKE2_MAIN,
@@ -165,6 +174,24 @@ const COMMANDS_BUT_SETTINGS: [sys::ngx_command_t; 11] = [
         BLOCK_MAIN,
         conf::set_chunk,
         PROCESS | BLOCK,
+    ),
+    command(
+        ngx_string(c"thread_pool_update_by_lua"),
+        TAKE2_MAIN,
+        conf::set_chunk,
+        UPDATE,
+    ),
+    command(
+        ngx_string(c"thread_pool_update_by_lua_file"),
+        TAKE2_MAIN,
+        conf::set_chunk,
+        UPDATE | FILE,
+    ),
+    command(
+        ngx_string(c"thread_pool_update_by_lua_block"),
+        BLOCK_MAIN,
+        conf::set_chunk,
+        UPDATE | BLOCK,
     ),
     command(
         ngx_string(c"thread_pool_process_by_rust"),
@@ -309,9 +336,8 @@ unsafe extern "C" fn postconfiguration(cf: *mut sys::ngx_conf_t) -> sys::ngx_int
             // only during the call, as from_raw asks.
             conf.lua_vm = ngx::lua::MainVm::of(unsafe { ngx::conf::Conf::from_raw(cf) });
             // SAFETY: cf is the http configuration being parsed, in
-            // postconfiguration, where add() may add its shared zone.
-            conf.status = unsafe { crate::stats::StatusTable::add(cf, conf.pools.len()) };
-            if conf.status.is_none() {
+            // postconfiguration, where shared zones may be added.
+            if !unsafe { conf.add_zones(cf) } {
                 return sys::NGX_ERROR as sys::ngx_int_t;
             }
             if conf.gate.is_some() {

@@ -197,8 +197,9 @@ fn a_batch_task_waits_for_the_tasks_before_it() {
 
 /// `stats()` and `thread_pool_status` show each number of the module's one
 /// table (src/stats/counters.rs) under its name, and nothing else: the Lua
-/// keys (with the shim's `in_flight`) and kinds, and Prometheus's families
-/// and their series, a shadow's among them.
+/// keys (with the shim's `in_flight` and each thread's update version) and
+/// kinds, and Prometheus's families and their series, a shadow's and each
+/// thread's update version among them.
 #[test]
 fn stats_and_the_status_page_show_the_table() {
     use ngx_threadpool::stats::{Kind, Labels, STATS};
@@ -212,7 +213,9 @@ fn stats_and_the_status_page_show_the_table() {
             "/keys",
             r#"local out = {}
                for k, v in pairs(assert(tp.p:stats())) do
-                   out[#out + 1] = k .. "=" .. (type(v) == "table" and #v.buckets or type(v))
+                   out[#out + 1] = k .. "=" .. (type(v) ~= "table" and type(v)
+                                                or v.buckets and #v.buckets
+                                                or "array of " .. #v)
                end
                table.sort(out)
                ngx.print(table.concat(out, " "))"#,
@@ -225,7 +228,7 @@ fn stats_and_the_status_page_show_the_table() {
             Kind::Histogram => format!("{}=8", s.name),
             _ => format!("{}=number", s.name),
         })
-        .chain(["in_flight=number".to_string()])
+        .chain(["in_flight=number", "thread_versions=array of 1"].map(String::from))
         .collect();
     want.sort();
     assert_eq!(ngx.get("/keys").text(), want.join(" "));
@@ -238,8 +241,14 @@ fn stats_and_the_status_page_show_the_table() {
     let want: Vec<(&str, &str)> = STATS
         .iter()
         .map(|s| (s.metric, s.kind.prometheus()))
+        .chain([(ngx_threadpool::api::status::THREAD_VERSION_METRIC, "gauge")])
         .collect();
     assert_eq!(families, want, "{text}");
+    let thread = format!(
+        "{}{{pool=\"q\",worker=\"0\",thread=\"0\"}} 0",
+        ngx_threadpool::api::status::THREAD_VERSION_METRIC
+    );
+    assert!(text.contains(&thread), "no {thread}: {text}");
     for s in STATS {
         let series = match s.kind {
             Kind::Histogram => format!("{}_count{{", s.metric),

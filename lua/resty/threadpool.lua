@@ -18,9 +18,13 @@ local setmetatable = setmetatable
 local tostring = tostring
 local type = type
 local floor = math.floor
+local min = math.min
+local now = ngx.now
+local sleep = ngx.sleep
+local update_time = ngx.update_time
 
 -- The module's C functions on this VM's stack (src/api/).
-local API_VERSION = 14
+local API_VERSION = 15
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -48,6 +52,8 @@ local c_read = core.read
 local c_close = core.close
 local c_write = core.write
 local c_close_write = core.close_write
+local c_update = core.update
+local c_update_state = core.update_state
 
 local FFI_OK = 0
 local FFI_DECLINED = -5
@@ -349,6 +355,74 @@ function Pool.post_task(self, ...)
         return true
     end
     return refused(rc, err, "post_task")
+end
+
+-- How long an update's caller sleeps between looks at the threads that
+-- applied it: first briefly (most updates are applied within a task's
+-- run), then at most UPDATE_POLL_MAX.
+local UPDATE_POLL_MIN = 0.001   -- seconds
+local UPDATE_POLL_MAX = 0.01
+
+-- Waits, sleeping (a coroutine wait), until every thread of every
+-- worker has applied update `version` or failed it, or `seconds` passed.
+local function wait_update(pool, version, seconds)
+    update_time()
+    local deadline = now() + seconds
+    local delay = UPDATE_POLL_MIN
+    while true do
+        local applied, failed, threads, err = c_update_state(pool.id, version)
+        if applied + failed >= threads then
+            if failed == 0 then
+                return version
+            end
+            return nil, "update " .. version .. " failed in " .. failed
+                        .. " of " .. threads .. " threads (" .. applied
+                        .. " applied it; the others keep their version): "
+                        .. tostring(err)
+        end
+        update_time()
+        if now() >= deadline then
+            return nil, "timeout: " .. applied .. " of " .. threads
+                        .. " threads applied update " .. version
+                        .. (failed > 0 and (", " .. failed .. " failed: "
+                                            .. tostring(err)) or "")
+        end
+        sleep(delay)
+        delay = min(delay * 2, UPDATE_POLL_MAX)
+    end
+end
+
+-- The pool's next update in every worker, with `...` as its arguments
+-- (the pool's update chunk or Rust handler applies them): its version,
+-- or nil and why not. Every thread applies it between two tasks; this
+-- does not wait for them (see update_opts).
+function Pool.update(self, ...)
+    check_self(self, "update")
+    return c_update(self.id, nil, ...)
+end
+
+-- update with options: `code`, a new handler chunk (Lua pools), built in
+-- each thread, and `wait`, the seconds to wait for every thread of every
+-- worker to apply the update: then the version once they all have, or
+-- nil and the error and counts of a failure, or of the timeout.
+function Pool.update_opts(self, opts, ...)
+    check_self(self, "update_opts")
+    if type(opts) ~= "table" then
+        error("bad opts: expected a table", 2)
+    end
+    local code, wait = opts.code, opts.wait
+    if code ~= nil and type(code) ~= "string" then
+        error("bad opts.code: expected a string", 2)
+    end
+    if wait ~= nil and (type(wait) ~= "number" or wait ~= wait
+                        or wait <= 0) then
+        error("bad opts.wait: expected a number of seconds > 0", 2)
+    end
+    local version, err = c_update(self.id, code, ...)
+    if not version or not wait then
+        return version, err
+    end
+    return wait_update(self, version, wait)
 end
 
 -- This worker's counters of the pool: a table keyed by name, built by the

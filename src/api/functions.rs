@@ -344,8 +344,8 @@ pub(super) unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
             lua::lua_pushnil(l);
             return 1;
         };
-        // + the shim's in_flight
-        lua::lua_createtable(l, 0, STATS.len() as c_int + 1);
+        // + thread_versions and the shim's in_flight
+        lua::lua_createtable(l, 0, STATS.len() as c_int + 2);
         for stat in STATS {
             lua::lua_pushlstring_(l, stat.name.as_ptr().cast(), stat.name.len());
             match (stat.read)(stats) {
@@ -374,9 +374,29 @@ pub(super) unsafe extern "C-unwind" fn stats(l: *mut lua_State) -> c_int {
             }
             lua::lua_rawset(l, -3);
         }
+        // each thread's update version (stats/versions.rs)
+        let me = crate::ngx::http::worker_number();
+        let threads = crate::conf::running_pools()
+            .get(pool)
+            .map_or(0, |p| p.threads);
+        let versions = crate::conf::running()
+            .and_then(|c| c.status.as_ref()?.versions(me, pool))
+            .map_or(&[][..], |(_, slots)| &slots[..threads.min(slots.len())]);
+        lua::lua_createtable(l, versions.len() as c_int, 0);
+        for (i, v) in versions.iter().enumerate() {
+            lua::lua_pushnumber(
+                l,
+                v.applied.load(std::sync::atomic::Ordering::Relaxed) as f64,
+            );
+            lua::lua_rawseti_(l, -2, i as c_int + 1);
+        }
+        lua::lua_setfield(l, -2, THREAD_VERSIONS.as_ptr());
     }
     1
 }
+
+/// The key of each thread's update version in `stats()`.
+pub const THREAD_VERSIONS: &CStr = c"thread_versions";
 
 /// `reap()`: lets go of the strings of tasks that ended after their
 /// caller stopped waiting or went away; each push reaps too, so that a
@@ -845,7 +865,7 @@ pub(super) unsafe fn push_result(l: *mut lua_State, results: &[Payload], keep: c
 ///
 /// # Safety
 /// As refused.
-unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
+pub(super) unsafe fn nil_and(l: *mut lua_State, msg: &str) -> c_int {
     // SAFETY: l is the running state of a function Lua called (the contract);
     // emptied, its stack has room for the two values; the string push may
     // raise, with nothing owned.

@@ -1,17 +1,19 @@
 //! What the event loop offers: the C functions behind
 //! lua/resty/threadpool.lua (`require "ngx_threadpool"`: tasks in
-//! functions.rs, streams in streams.rs), and the `thread_pool_status`
-//! content handler (status.rs).
+//! functions.rs, streams in streams.rs, updates in updates.rs), and the
+//! `thread_pool_status` content handler (status.rs).
 
 pub mod functions;
 pub mod status;
 pub mod streams;
+pub mod updates;
 
 use crate::ngx::lua::waitable_names;
 use functions::*;
 use mlua::ffi::{self as lua, lua_State};
 use std::ffi::{c_int, CStr};
 use streams::{close, close_write, push_stream, read, write};
+use updates::{update, update_state};
 
 /// The name `require` finds these functions under.
 pub const PACKAGE: &CStr = c"ngx_threadpool";
@@ -19,7 +21,7 @@ pub const PACKAGE: &CStr = c"ngx_threadpool";
 /// Bumped when a function below changes; the shim, which may be installed
 /// apart from the module, says which it needs and refuses others (a test
 /// below ties the two).
-pub const API_VERSION: c_int = 14;
+pub const API_VERSION: c_int = 15;
 
 /// The loader `require "ngx_threadpool"` runs: the table of functions.
 ///
@@ -27,7 +29,7 @@ pub const API_VERSION: c_int = 14;
 /// Called by Lua, as a lua_CFunction, on the event loop.
 pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
     type F = unsafe extern "C-unwind" fn(*mut lua_State) -> c_int;
-    let functions: [(&CStr, F); 14] = [
+    let functions: [(&CStr, F); 16] = [
         (c"pool_id", pool_id),
         (c"stats", stats),
         (c"push", push),
@@ -42,6 +44,8 @@ pub unsafe extern "C-unwind" fn open(l: *mut lua_State) -> c_int {
         (c"close", close),
         (c"write", write),
         (c"close_write", close_write),
+        (c"update", update),
+        (c"update_state", update_state),
     ];
     // SAFETY: a loader runs as a Lua function on the event loop, with
     // LUA_MINSTACK free slots; it only pushes and sets fields (raising

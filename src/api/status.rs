@@ -6,10 +6,11 @@
 //! location = /threadpool/metrics { thread_pool_status; }
 //! ```
 
+use crate::conf::PoolConf;
 use crate::ngx::http;
 use crate::ngx::sys;
 use crate::stats::gate::{GateShared, GateSlot};
-use crate::stats::{Labels, PoolStats, Reading, Stat, Unit, BUCKET_BOUNDS_US, STATS};
+use crate::stats::{Labels, PoolStats, Reading, Stat, StatusTable, Unit, BUCKET_BOUNDS_US, STATS};
 use std::ffi::{c_char, c_void};
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
@@ -53,6 +54,7 @@ unsafe extern "C" fn status_handler(r: *mut sys::ngx_http_request_t) -> sys::ngx
                 if let (Some(_), Some((shared, slots))) = (c.gate, table.gate()) {
                     render_gate(&mut out, shared, slots);
                 }
+                render_versions(&mut out, &c.pools, table);
                 out
             });
             // SAFETY: nginx called this content handler for r.
@@ -131,6 +133,34 @@ fn family(out: &mut String, stat: &Stat, rows: &[(String, &PoolStats)]) {
         };
     }
 }
+
+/// Each thread's update version, of every worker that used its row.
+fn render_versions(out: &mut String, pools: &[PoolConf], table: &StatusTable) {
+    let name = THREAD_VERSION_METRIC;
+    let _ = writeln!(
+        out,
+        "# HELP {name} The update version a pool thread runs (0: the configuration's).\n# TYPE {name} gauge"
+    );
+    for (worker, row) in (0..table.workers).filter_map(|w| Some((w, table.row(w)?))) {
+        for (i, p) in pools.iter().enumerate() {
+            let used = row.get(i).is_some_and(|s| s.threads.load(Relaxed) > 0);
+            let Some((_, slots)) = table.versions(worker, i).filter(|_| used) else {
+                continue;
+            };
+            for (thread, slot) in slots.iter().take(p.threads).enumerate() {
+                let _ = writeln!(
+                    out,
+                    "{name}{{pool=\"{}\",worker=\"{worker}\",thread=\"{thread}\"}} {}",
+                    p.name,
+                    slot.applied.load(Relaxed)
+                );
+            }
+        }
+    }
+}
+
+/// The family of each thread's update version (docs/metrics.md).
+pub const THREAD_VERSION_METRIC: &str = "ngx_threadpool_thread_update_version";
 
 /// (name, help, type, value) of each accept gate metric of a worker.
 type GateMetric = (

@@ -18,8 +18,9 @@ pub enum ConfError {
     BadGateParameter(String),
     /// A `thread_pool_scheduling` policy or nice value out of range.
     BadScheduling(String),
-    /// A `thread_pool_zero_copy` size that is neither a size > 0 nor off.
-    BadZeroCopy(String),
+    /// A size (`thread_pool_zero_copy`, `thread_pool_update_size`) that is
+    /// neither a size > 0 nor off.
+    BadSize(String),
     /// A `thread_pool_stream_chunks` count that is not 1 to `max`.
     BadStreamChunks {
         arg: String,
@@ -90,7 +91,7 @@ impl fmt::Display for ConfError {
                     "takes normal | batch | idle [nice=0..19]: invalid \"{p}\""
                 )
             }
-            ConfError::BadZeroCopy(p) => {
+            ConfError::BadSize(p) => {
                 write!(f, "takes a size (16k, 1m...) or off: invalid \"{p}\"")
             }
             ConfError::BadStreamChunks { arg, max } => write!(

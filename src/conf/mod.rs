@@ -7,6 +7,9 @@
 //! thread_pool_process_by_lua_file POOL path.lua;
 //! thread_pool_init_by_lua_block    POOL { code }   # see block.rs
 //! thread_pool_process_by_lua_block POOL { code }
+//! thread_pool_update_by_lua       POOL "code";   # applies an update (docs/updates.md)
+//! thread_pool_update_by_lua_file  POOL path.lua;
+//! thread_pool_update_by_lua_block POOL { code }
 //! thread_pool_process_by_rust POOL path.so [CONFIG];   # or a native handler
 //! lua_thread_pool NAME threads=N [max_queue=M];
 //! thread_pool_slow_task_log POOL time | off;   # and the other settings (settings.rs)
@@ -20,6 +23,7 @@ mod error;
 pub mod settings;
 
 use crate::handoff::job::PoolId;
+use crate::handoff::update::UpdateZone;
 use crate::native::{self, Library};
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
@@ -45,6 +49,8 @@ pub struct PoolConf {
     pub pool: ThreadPool,
     pub init: Option<Chunk>,
     pub process: Option<Process>,
+    /// `thread_pool_update_by_lua*`: run with an update's arguments.
+    pub update: Option<Chunk>,
     /// The directives that set `init` and `process`, for errors naming
     /// them.
     pub init_by: String,
@@ -60,6 +66,9 @@ pub struct PoolConf {
     /// From the thread_pool declaration, read at init_module.
     pub threads: usize,
     pub max_queue: usize,
+    /// Where the pool's latest update is kept (postconfiguration; None
+    /// with `thread_pool_update_size off`).
+    pub updates: Option<UpdateZone>,
 }
 
 #[derive(Default)]
@@ -129,9 +138,11 @@ pub fn running_pools() -> &'static [PoolConf] {
 /// What a setter sets, carried in the command's `post` field.
 pub const INIT: usize = 0;
 pub const PROCESS: usize = 1;
-/// Added to INIT/PROCESS: the argument is a file name.
+pub const UPDATE: usize = 8;
+/// Added to INIT/PROCESS/UPDATE: the argument is a file name.
 pub const FILE: usize = 2;
-/// Added to INIT/PROCESS: the code is the `{ ... }` block that follows.
+/// Added to INIT/PROCESS/UPDATE: the code is the `{ ... }` block that
+/// follows.
 pub const BLOCK: usize = 4;
 
 impl MainConf {
@@ -153,6 +164,7 @@ impl MainConf {
             pool,
             init: None,
             process: None,
+            update: None,
             init_by: String::new(),
             process_by: String::new(),
             defined_by: cf.args().first().map(|d| lossy(d)).unwrap_or_default(),
@@ -161,8 +173,39 @@ impl MainConf {
             shadow: None,
             threads: 0,
             max_queue: 0,
+            updates: None,
         });
         Ok(self.pools.len() - 1)
+    }
+
+    /// Adds the shared memory of every pool's updates and of the status
+    /// table (postconfiguration): false if nginx refused a zone.
+    ///
+    /// # Safety
+    /// `cf` must be the http configuration being parsed, in
+    /// postconfiguration.
+    pub unsafe fn add_zones(&mut self, cf: *mut sys::ngx_conf_t) -> bool {
+        for p in &mut self.pools {
+            if let Some(size) = p.settings.update_size {
+                // SAFETY: the caller's contract.
+                p.updates = unsafe { UpdateZone::add(cf, &p.name, size) };
+                if p.updates.is_none() {
+                    return false;
+                }
+            }
+        }
+        let slots = self
+            .pools
+            .iter()
+            .map(|p| {
+                p.pool
+                    .declared_threads(p.name.as_bytes())
+                    .unwrap_or(crate::stats::UNKNOWN_THREADS)
+            })
+            .collect();
+        // SAFETY: the caller's contract.
+        self.status = unsafe { crate::stats::StatusTable::add(cf, slots) };
+        self.status.is_some()
     }
 
     /// Reads each pool's declaration and takes it from nginx (init_module).
@@ -434,7 +477,9 @@ fn set_chunk_in(cf: Conf, kind: usize, main: &mut MainConf) -> Result<(), ConfEr
     if let Some(Process::Native(_)) = pool.process {
         return Err(pool.mixed_with(&pool.process_by));
     }
-    let slot_taken = if kind & PROCESS != 0 {
+    let slot_taken = if kind & UPDATE != 0 {
+        pool.update.replace(chunk).is_some()
+    } else if kind & PROCESS != 0 {
         pool.process_by = directive;
         pool.process.replace(Process::Lua(chunk, style)).is_some()
     } else {

@@ -32,6 +32,10 @@ pub struct Settings {
     /// not read yet (push_stream may ask for another). Read by the shim's
     /// push_stream.
     pub stream_chunks: usize,
+    /// `thread_pool_update_size`: the bytes of code and arguments the
+    /// pool's latest update may hold in shared memory (None: off, no
+    /// updates). Read at postconfiguration, which adds the zone.
+    pub update_size: Option<usize>,
 }
 
 impl Default for Settings {
@@ -44,6 +48,7 @@ impl Default for Settings {
             zero_copy: Some(DEFAULT_ZERO_COPY),
             deadline: None,
             stream_chunks: DEFAULT_STREAM_CHUNKS,
+            update_size: Some(DEFAULT_UPDATE_SIZE),
         }
     }
 }
@@ -60,7 +65,7 @@ pub struct Directive {
 pub type Parse = fn(&mut Settings, Conf, &[&[u8]]) -> Result<(), ConfError>;
 
 /// Every setting's directive; the setter gets an entry's index.
-pub const DIRECTIVES: [Directive; 5] = [
+pub const DIRECTIVES: [Directive; 6] = [
     Directive {
         name: c"thread_pool_slow_task_log",
         args: sys::NGX_CONF_TAKE2,
@@ -85,6 +90,11 @@ pub const DIRECTIVES: [Directive; 5] = [
         name: c"thread_pool_stream_chunks",
         args: sys::NGX_CONF_TAKE2,
         parse: stream_chunks,
+    },
+    Directive {
+        name: c"thread_pool_update_size",
+        args: sys::NGX_CONF_TAKE2,
+        parse: update_size,
     },
 ];
 
@@ -150,7 +160,7 @@ fn zero_copy(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError
         b"off" => None,
         size => match cf.parse_size(size) {
             Some(n) if n > 0 => Some(n),
-            _ => return Err(ConfError::BadZeroCopy(lossy(size))),
+            _ => return Err(ConfError::BadSize(lossy(size))),
         },
     };
     Ok(())
@@ -175,6 +185,23 @@ fn stream_chunks(s: &mut Settings, _cf: Conf, args: &[&[u8]]) -> Result<(), Conf
             arg: lossy(args[0]),
             max: STREAM_CHUNKS_MAX,
         })?;
+    Ok(())
+}
+
+/// `thread_pool_update_size`'s default: a rule set of a few thousand
+/// rules, or a handler chunk, with room to spare; shared memory of one
+/// zone per pool, whatever the workers.
+const DEFAULT_UPDATE_SIZE: usize = 1 << 20;
+
+/// `thread_pool_update_size POOL SIZE | off;`.
+fn update_size(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError> {
+    s.update_size = match args[0] {
+        b"off" => None,
+        size => match cf.parse_size(size) {
+            Some(n) if n > 0 => Some(n),
+            _ => return Err(ConfError::BadSize(lossy(size))),
+        },
+    };
     Ok(())
 }
 

@@ -9,3 +9,4 @@ pub mod outcome;
 pub mod payload;
 pub mod spin;
 pub mod stream;
+pub mod update;

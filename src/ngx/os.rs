@@ -1,6 +1,8 @@
 //! Operating-system set-up of the threads the module starts.
 
 use super::sys;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
 
 /// Blocks every asynchronous signal in the calling thread, as nginx's own
 /// thread pools do: nginx's handlers only set flags that the event loop
@@ -118,6 +120,55 @@ pub fn bound_retained_memory() {
 pub fn give_back_free_memory() {
     // SAFETY: malloc_trim only releases free pages; it is thread-safe.
     unsafe { malloc_trim(0) };
+}
+
+/// Waits while `word` holds `seen`, at most `timeout`, as another process
+/// may wake it: `word` is in shared memory (a futex keyed by the memory,
+/// not the process). Returns early on a wake-up, a change or a signal.
+pub fn futex_wait(word: &AtomicU32, seen: u32, timeout: Duration) {
+    let ts = sys::timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    // SAFETY: the futex call reads the aligned u32 of `word`, alive across
+    // the call, and the timespec; it changes no memory.
+    unsafe {
+        sys::syscall(
+            sys::NGX_RS_SYS_FUTEX,
+            word.as_ptr(),
+            sys::FUTEX_WAIT as std::ffi::c_int,
+            seen,
+            &raw const ts,
+        );
+    }
+}
+
+/// Wakes every thread, of any process, waiting on `word` (futex_wait).
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: the futex call only reads the address of `word` as a key.
+    unsafe {
+        sys::syscall(
+            sys::NGX_RS_SYS_FUTEX,
+            word.as_ptr(),
+            sys::FUTEX_WAKE as std::ffi::c_int,
+            std::ffi::c_int::MAX,
+        );
+    }
+}
+
+/// Whether process `pid` exists (a worker that held a lock in shared
+/// memory may have been killed).
+pub fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { sys::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(sys::ESRCH as i32)
+}
+
+/// The time of day in µs since the epoch, which every process reads alike.
+pub fn wall_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 extern "C" {

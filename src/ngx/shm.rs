@@ -1,6 +1,7 @@
 //! A shared memory zone the module owns: one block, zeroed for each new
 //! configuration (a reload starts it afresh; old workers keep the old one
-//! mapped until they exit, so they never write into the new one).
+//! mapped until they exit, so they never write into the new one), or kept
+//! across reloads while its name and size stay the same (`Keep::Yes`).
 
 use super::sys;
 use std::ffi::c_void;
@@ -18,6 +19,16 @@ unsafe impl Send for Zone {}
 // the shared block, accessed only through atomics.
 unsafe impl Sync for Zone {}
 
+/// Whether a reload keeps a zone's block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// A new, zeroed block each configuration.
+    No,
+    /// The old configuration's block, as it is, if its name and size are
+    /// the same (nginx maps the same memory into the new cycle).
+    Yes,
+}
+
 /// Room the slab allocator's own bookkeeping needs in a zone, beyond the
 /// block (its header, page descriptors; rounded up generously).
 const SLAB_OVERHEAD: usize = 64 * 1024;
@@ -28,13 +39,47 @@ impl Zone {
     /// # Safety
     /// `cf` must be the configuration being parsed.
     pub unsafe fn add(cf: *mut sys::ngx_conf_t, name: &'static [u8], size: usize) -> Option<Zone> {
+        // SAFETY: the caller's contract; a static name outlives the cycle.
+        unsafe { Zone::add_named(cf, name.as_ptr(), name.len(), size, Keep::No) }
+    }
+
+    /// Adds a zone named `name` (copied into the cycle's pool) holding a
+    /// zeroed block of `size` bytes, kept across reloads as `keep` says.
+    ///
+    /// # Safety
+    /// `cf` must be the configuration being parsed.
+    pub unsafe fn add_kept(cf: *mut sys::ngx_conf_t, name: &str, size: usize) -> Option<Zone> {
+        // SAFETY: cf->pool is the cycle's pool (the contract), where the
+        // copy of the name lives as long as the zone.
+        let copy = unsafe { sys::ngx_pnalloc((*cf).pool, name.len()) }.cast::<u8>();
+        if copy.is_null() {
+            return None;
+        }
+        // SAFETY: copy holds name.len() bytes; the caller's contract for the
+        // rest.
+        unsafe {
+            std::ptr::copy_nonoverlapping(name.as_ptr(), copy, name.len());
+            Zone::add_named(cf, copy, name.len(), size, Keep::Yes)
+        }
+    }
+
+    /// # Safety
+    /// `cf` must be the configuration being parsed; `name` must point to
+    /// `len` bytes that outlive the cycle.
+    unsafe fn add_named(
+        cf: *mut sys::ngx_conf_t,
+        name: *const u8,
+        len: usize,
+        size: usize,
+        keep: Keep,
+    ) -> Option<Zone> {
         let mut name = sys::ngx_str_t {
-            len: name.len(),
-            data: name.as_ptr() as *mut u8,
+            len,
+            data: name as *mut u8,
         };
         // SAFETY: cf is being parsed; the tag is the module's record, which
-        // outlives every cycle. nginx copies nothing and keeps name.data, a
-        // static.
+        // outlives every cycle. nginx copies nothing and keeps name.data,
+        // which outlives the cycle (the contract).
         unsafe {
             let zone = sys::ngx_shared_memory_add(
                 cf,
@@ -46,8 +91,9 @@ impl Zone {
             let z = zone.as_mut();
             z.init = Some(init_zone);
             z.data = size as *mut c_void;
-            // a new zone each configuration: never the old workers' one
-            z.noreuse = 1;
+            // Keep::No: a new zone each configuration, never the old
+            // workers' one
+            z.noreuse = usize::from(keep == Keep::No) as _;
             Some(Zone(zone))
         }
     }
@@ -87,11 +133,15 @@ impl Zone {
     }
 }
 
-unsafe extern "C" fn init_zone(
-    zone: *mut sys::ngx_shm_zone_t,
-    _old: *mut c_void,
-) -> sys::ngx_int_t {
+unsafe extern "C" fn init_zone(zone: *mut sys::ngx_shm_zone_t, old: *mut c_void) -> sys::ngx_int_t {
     super::guard::no_unwind("init_zone", sys::NGX_ERROR as sys::ngx_int_t, || {
+        if !old.is_null() {
+            // a kept zone: nginx mapped the old cycle's memory, whose block
+            // old is
+            // SAFETY: nginx passes the zone it is initialising.
+            unsafe { (*zone).data = old };
+            return sys::NGX_OK as sys::ngx_int_t;
+        }
         // SAFETY: nginx calls this once the zone's memory exists, with the
         // slab pool at its start; data holds the size asked for in add.
         unsafe {

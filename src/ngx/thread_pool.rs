@@ -81,6 +81,15 @@ impl ThreadPool {
         }
     }
 
+    /// The threads declared so far (None before the declaration).
+    pub fn declared_threads(&self, name: &[u8]) -> Option<usize> {
+        let m = self.mirror(name).ok()?;
+        // SAFETY: checked by mirror(); the configuration is being read in
+        // the master, where nothing else writes the struct.
+        let threads = unsafe { (*m).threads };
+        (threads > 0).then_some(threads)
+    }
+
     /// Declares the pool as nginx's `thread_pool NAME threads=N
     /// max_queue=M` would, from the http block; an error if it already is.
     pub fn declare(&self, name: &[u8], threads: usize, max_queue: usize) -> Result<(), String> {

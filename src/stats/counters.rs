@@ -267,6 +267,18 @@ counters! {
         "ngx_threadpool_queue_wait_seconds", "Time from push to a thread taking the task.";
     run: Histogram, Micros, Pool, threads_side,
         "ngx_threadpool_run_seconds", "Time the handler ran.";
+    /// Live updates (thread/updates.rs); each thread's version is in the
+    /// status table's versions (stats/versions.rs).
+    update_version: Gauge, Count, Pool, threads_side,
+        "ngx_threadpool_update_version", "The pool's latest update that the worker has read.";
+    updates_applied: Counter, Count, Pool, threads_side,
+        "ngx_threadpool_updates_applied_total", "Updates a thread of the pool applied.";
+    updates_failed: Counter, Count, Pool, threads_side,
+        "ngx_threadpool_updates_failed_total",
+        "Updates a thread of the pool failed to apply, keeping its version.";
+    update_seconds: Gauge, Micros, Pool, threads_side,
+        "ngx_threadpool_update_seconds",
+        "Time from the latest update's call to the last of the worker's threads moving to it.";
     /// With `thread_pool_shadow` (thread/shadow.rs, thread/compare.rs).
     shadow_compared: Counter, Count, Shadow, threads_side,
         "ngx_threadpool_shadow_compared_total",

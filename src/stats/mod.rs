@@ -10,8 +10,10 @@ pub mod gate;
 mod histogram;
 mod status_table;
 mod tally;
+mod versions;
 
 pub use counters::{Kind, Labels, PoolStats, Stat, Unit, STATS};
 pub use histogram::{Histogram, Reading, BUCKET_BOUNDS_US};
-pub use status_table::StatusTable;
+pub use status_table::{StatusTable, UNKNOWN_THREADS};
 pub use tally::Tally;
+pub use versions::{Reached, ThreadVersion, UpdateError};

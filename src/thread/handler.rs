@@ -9,6 +9,7 @@
 use crate::codec::Span;
 use crate::conf::settings::Settings;
 use crate::handoff::outcome::{Cancel, PinKey, Ran};
+use crate::handoff::update::Code;
 use crate::native;
 use crate::ngx::log::Log;
 use crate::vm::{self, ThreadVm};
@@ -26,9 +27,12 @@ pub struct Spec {
 /// The kind of handler a pool runs, with what building it takes.
 #[derive(Clone)]
 pub enum Kind {
-    Lua(vm::Spec),
+    Lua(Box<vm::Spec>),
     Native(native::Spec),
 }
+
+/// The error of an update with code to a native pool.
+pub const NATIVE_CODE: &str = "a native pool's code is its library: an update cannot replace it";
 
 /// One thread's handler; only that thread uses it.
 pub enum Handler {
@@ -37,16 +41,40 @@ pub enum Handler {
 }
 
 impl Handler {
-    /// Builds thread `thread`'s handler: the error text when the pool
-    /// cannot serve.
-    pub fn build(spec: &Spec, thread: usize) -> Result<Handler, String> {
-        match &spec.kind {
-            Kind::Lua(lua) => {
+    /// Builds thread `thread`'s handler, with the handler `code` an update
+    /// set instead of the configuration's if given: the error text when
+    /// the pool cannot serve.
+    pub fn build(spec: &Spec, thread: usize, code: Option<&Code>) -> Result<Handler, String> {
+        match (&spec.kind, code) {
+            (Kind::Lua(lua), None) => {
                 ThreadVm::new(lua, &spec.name, spec.log, spec.settings.zero_copy).map(Handler::Lua)
             }
-            Kind::Native(native) => {
+            (Kind::Lua(lua), Some(code)) => {
+                let process = vm::chunk::Chunk {
+                    code: code.code.to_vec(),
+                    name: format!("=update {}", code.version),
+                };
+                let style = vm::chunk::check(&process)?;
+                let lua = vm::Spec {
+                    process,
+                    style,
+                    ..lua.as_ref().clone()
+                };
+                ThreadVm::new(&lua, &spec.name, spec.log, spec.settings.zero_copy).map(Handler::Lua)
+            }
+            (Kind::Native(_), Some(_)) => Err(NATIVE_CODE.into()),
+            (Kind::Native(native), None) => {
                 native::State::new(native, &spec.name, spec.log, thread).map(Handler::Native)
             }
+        }
+    }
+
+    /// Applies update `version`, whose arguments are `args` (encoded), to
+    /// this state: its error, if it failed.
+    pub fn update(&self, version: u64, args: &[u8]) -> Result<(), String> {
+        match self {
+            Handler::Lua(vm) => vm.update(args),
+            Handler::Native(state) => state.update(version, args),
         }
     }
 
@@ -72,6 +100,15 @@ impl Handler {
             // contract), and the state is this thread's. Its results borrow
             // nothing: out_spans stays empty.
             Handler::Native(state) => Ran::from(unsafe { state.run(args, spans, out, cancel) }),
+        }
+    }
+
+    /// Whether the handler applies updates' arguments (a Lua pool's
+    /// update chunk, a native library's ngx_threadpool_update).
+    pub fn takes_updates(&self) -> bool {
+        match self {
+            Handler::Lua(vm) => vm.takes_updates(),
+            Handler::Native(state) => state.takes_updates(),
         }
     }
 

@@ -6,4 +6,5 @@ pub mod compare;
 pub mod handler;
 pub mod run;
 pub mod shadow;
+pub mod updates;
 pub mod watchdog;

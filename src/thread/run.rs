@@ -16,7 +16,8 @@ use crate::ngx::os;
 use crate::ngx::{guard, log};
 use crate::stats::{PoolStats, Tally};
 use crate::thread::handler::{Handler, Spec};
-use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crate::thread::updates::{Current, Moved, ThreadUpdates};
+use crossbeam_channel::{never, select, unbounded, Receiver, Sender, TryRecvError};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,6 +39,8 @@ pub struct ThreadSetup {
     pub watch: Watch,
     /// Where a sample of this pool's tasks runs again (shadow.rs).
     pub shadow: Option<Arc<Shadow>>,
+    /// The pool's updates (None: `thread_pool_update_size off`).
+    pub updates: Option<ThreadUpdates>,
 }
 
 /// What a thread tells the watchdog of slow tasks.
@@ -72,6 +75,7 @@ pub(crate) struct PoolThread {
     /// still short): built again before the next job.
     rebuild: bool,
     handler: Result<Handler, String>,
+    updates: Option<ThreadUpdates>,
     shadow: Option<Arc<Shadow>>,
     watch: Watch,
     stats: &'static PoolStats,
@@ -95,6 +99,7 @@ impl PoolThread {
             stats,
             watch,
             shadow,
+            updates,
         } = setup;
         os::block_async_signals();
         let (unpin_tx, unpin_rx) = unbounded();
@@ -112,6 +117,7 @@ impl PoolThread {
             rebuild: false,
             // built below, once the scheduling is set
             handler: Err(String::new()),
+            updates,
             shadow,
             watch,
             stats,
@@ -123,17 +129,113 @@ impl PoolThread {
             spec,
         };
         thread.set_scheduling();
-        thread.handler = thread.build();
+        thread.start();
         thread.serve();
+    }
+
+    /// Builds the handler at the pool's latest update if there is one
+    /// (one its worker started after), at the configuration's otherwise,
+    /// or if the latest fails.
+    fn start(&mut self) {
+        match self.updates.as_ref().and_then(ThreadUpdates::newer) {
+            Some(current) => {
+                let moved = match self.build_at(&current) {
+                    Ok(h) => {
+                        self.handler = Ok(h);
+                        Moved::Applied
+                    }
+                    Err(e) => {
+                        self.handler = self.build(None);
+                        Moved::Failed(e)
+                    }
+                };
+                self.record(current, moved);
+            }
+            None => self.handler = self.build(None),
+        }
+    }
+
+    /// Moves the handler to the pool's latest update, if it has neither
+    /// applied nor failed it: between two tasks, so that each runs on one
+    /// version. A failure leaves the state as it was.
+    fn catch_up(&mut self) {
+        let Some(current) = self.updates.as_ref().and_then(ThreadUpdates::newer) else {
+            return;
+        };
+        let held = self.updates.as_ref().and_then(|u| u.applied.as_ref());
+        let code = |c: Option<&Current>| c.and_then(|c| c.update.code.as_ref()).map(|c| c.version);
+        let moved = if code(Some(&current)) != code(held.map(Arc::as_ref)) {
+            // new code: a new state, the old one kept until it is built
+            match self.build_at(&current) {
+                Ok(h) => {
+                    self.replace(h);
+                    Moved::Applied
+                }
+                Err(e) => Moved::Failed(e),
+            }
+        } else {
+            match &self.handler {
+                Ok(h) => match h.update(current.update.version, &current.update.args) {
+                    Ok(()) => Moved::Applied,
+                    Err(e) => Moved::Failed(e),
+                },
+                Err(e) => Moved::Failed(e.clone()),
+            }
+        };
+        self.record(current, moved);
+    }
+
+    /// A new handler at `current`: built with its code, then given its
+    /// arguments if the handler takes updates.
+    fn build_at(&self, current: &Current) -> Result<Handler, String> {
+        let u = &current.update;
+        let h = guard::catch(|| Handler::build(&self.spec, self.index, u.code.as_ref()))
+            .and_then(|r| r)?;
+        if u.code.is_none() || h.takes_updates() {
+            guard::catch(|| h.update(u.version, &u.args)).and_then(|r| r)?;
+        }
+        Ok(h)
+    }
+
+    /// Puts `new` in the old handler's place; the old one stays while the
+    /// event loop reads strings of it (see `close`).
+    fn replace(&mut self, new: Handler) {
+        match std::mem::replace(&mut self.handler, Ok(new)) {
+            Ok(old) if old.has_pins() => {
+                if self.retired.try_reserve(1).is_ok() {
+                    self.retired.push(old);
+                } else {
+                    std::mem::forget(old);
+                }
+            }
+            old => drop(old),
+        }
+    }
+
+    /// Counts and logs that this thread moved to `current` or failed it.
+    fn record(&mut self, current: Arc<Current>, moved: Moved) {
+        let version = current.update.version;
+        if let Moved::Failed(e) = &moved {
+            self.debug(format_args!(
+                "thread pool \"{}\" thread #{}: update {version} failed: {e}",
+                self.spec.name, self.index
+            ));
+        }
+        if let Some(u) = self.updates.as_mut() {
+            u.record(current, moved, &self.spec.name, self.stats, self.spec.log);
+        }
     }
 
     /// Waits for jobs and runs them until the channel closes; an idle
     /// thread gives memory back.
     fn serve(&mut self) {
+        let never = never();
         loop {
             self.unpin();
-            match next_job(&self.jobs, self.handled >= LARGE, &mut self.spin) {
+            let wake = self.updates.as_ref().map_or(&never, |u| &u.wake);
+            match next_job(&self.jobs, wake, self.handled >= LARGE, &mut self.spin) {
                 Next::Job(job) => self.take(job),
+                Next::Update => self.catch_up(),
                 Next::Idle => self.idle(),
                 Next::Closed => break,
             }
@@ -149,6 +251,7 @@ impl PoolThread {
         if self.rebuild {
             self.build_again();
         }
+        self.catch_up();
         // One clock read per task: the end of a task is when the next one
         // of the job starts (a claim and a flag apart), and the job's
         // first starts when the job is taken.
@@ -402,9 +505,14 @@ impl PoolThread {
         self.build_again();
     }
 
-    /// Builds the handler again; `rebuild` stays set while that fails.
+    /// Builds the handler again, at the update it was at; `rebuild`
+    /// stays set while that fails.
     fn build_again(&mut self) {
-        self.handler = self.build();
+        let applied = self.updates.as_ref().and_then(|u| u.applied.clone());
+        self.handler = match applied {
+            Some(current) => self.build_at(&current).map_err(|e| self.unusable(e)),
+            None => self.build(None),
+        };
         self.rebuild = self.handler.is_err();
     }
 
@@ -510,18 +618,22 @@ impl PoolThread {
         }
     }
 
-    /// A new handler, or why there is none (logged).
-    fn build(&self) -> Result<Handler, String> {
-        let (pool, index) = (&self.spec.name, self.index);
-        guard::catch(|| Handler::build(&self.spec, index))
+    /// A new handler with the configuration's code, or why there is none
+    /// (logged).
+    fn build(&self, code: Option<&crate::handoff::update::Code>) -> Result<Handler, String> {
+        guard::catch(|| Handler::build(&self.spec, self.index, code))
             .and_then(|r| r)
-            .map_err(|e| {
-                self.report(
-                    log::NGX_LOG_ERR,
-                    format_args!("thread pool \"{pool}\" thread #{index}: {e}"),
-                );
-                format!("thread pool \"{pool}\" is not usable: {e}")
-            })
+            .map_err(|e| self.unusable(e))
+    }
+
+    /// Logs why the thread has no handler: the error its tasks get.
+    fn unusable(&self, e: String) -> String {
+        let (pool, index) = (&self.spec.name, self.index);
+        self.report(
+            log::NGX_LOG_ERR,
+            format_args!("thread pool \"{pool}\" thread #{index}: {e}"),
+        );
+        format!("thread pool \"{pool}\" is not usable: {e}")
     }
 
     /// The pool's scheduling for this thread (a warning if refused).
@@ -590,16 +702,22 @@ const SPIN: Duration = Duration::from_micros(50);
 /// large tasks keeps reusing it (fresh pages cost more than the copies).
 const IDLE: Duration = Duration::from_secs(1);
 
+/// A wait with no end in sight (a century).
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// What a thread waiting for work gets.
 enum Next {
     Job(Job),
+    /// An update came (thread/updates.rs).
+    Update,
     /// No job for IDLE (asked for only after large payloads).
     Idle,
     Closed,
 }
 
-/// The next job; with `idle_after`, Idle once no job came for IDLE.
-fn next_job(jobs: &Receiver<Job>, idle_after: bool, spin: &mut Spin) -> Next {
+/// The next job, or an update's `wake`-up; with `idle_after`, Idle once
+/// no job came for IDLE.
+fn next_job(jobs: &Receiver<Job>, wake: &Receiver<()>, idle_after: bool, spin: &mut Spin) -> Next {
     // A job found waiting says nothing about the gaps between jobs: not
     // observed.
     if let Ok(job) = jobs.try_recv() {
@@ -618,14 +736,11 @@ fn next_job(jobs: &Receiver<Job>, idle_after: bool, spin: &mut Spin) -> Next {
             Err(TryRecvError::Empty) => break,
         }
     }
-    let next = if idle_after {
-        match jobs.recv_timeout(IDLE) {
-            Ok(job) => Next::Job(job),
-            Err(RecvTimeoutError::Disconnected) => Next::Closed,
-            Err(RecvTimeoutError::Timeout) => Next::Idle,
-        }
-    } else {
-        jobs.recv().map_or(Next::Closed, Next::Job)
+    let wait = if idle_after { IDLE } else { FOREVER };
+    let next = select! {
+        recv(jobs) -> job => job.map_or(Next::Closed, Next::Job),
+        recv(wake) -> _ => Next::Update,
+        default(wait) => Next::Idle,
     };
     spin.observe(start.elapsed());
     next

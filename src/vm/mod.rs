@@ -31,7 +31,11 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use task::{Refs, Setup, Task, Unpin};
+use task::{Apply, Refs, Setup, Task, Unpin};
+
+/// The error of an update to a Lua pool without an update chunk.
+pub const NO_UPDATE_CHUNK: &str =
+    "it has no thread_pool_update_by_lua* to apply an update's arguments";
 
 /// What a thread needs to build its Lua state; cloned into every thread.
 #[derive(Clone)]
@@ -39,6 +43,8 @@ pub struct Spec {
     pub init: Option<Chunk>,
     pub process: Chunk,
     pub style: Style,
+    /// `thread_pool_update_by_lua*`: run with each update's arguments.
+    pub update: Option<Chunk>,
     pub package_path: Option<Vec<u8>>,
     pub package_cpath: Option<Vec<u8>>,
     pub ngx: NgxEnv,
@@ -47,6 +53,7 @@ pub struct Spec {
 /// The C functions a state's protected calls run.
 struct Calls {
     run: CFunction,
+    update: CFunction,
     unpin: CFunction,
     collect: CFunction,
 }
@@ -160,6 +167,36 @@ impl ThreadVm {
         }
     }
 
+    /// Whether the state has an update chunk.
+    pub fn takes_updates(&self) -> bool {
+        self.refs.update != 0
+    }
+
+    /// Runs the update chunk with the encoded arguments `args`: its error,
+    /// if it raised one (or there is no update chunk).
+    pub fn update(&self, args: &[u8]) -> Result<(), String> {
+        if self.refs.update == 0 {
+            return Err(NO_UPDATE_CHUNK.into());
+        }
+        let mut a = Apply {
+            refs: self.refs,
+            args,
+            error: None,
+        };
+        // SAFETY: l is this thread's state; a is what task::update expects
+        // and outlives the call.
+        let status = unsafe {
+            self.calls
+                .update
+                .call(self.l, (&raw mut a).cast::<c_void>())
+        };
+        match status {
+            Status::Ok => a.error.map_or(Ok(()), Err),
+            Status::OutOfMemory => Err(codec::NOT_ENOUGH_MEMORY.into()),
+            Status::Error(msg) => Err(msg),
+        }
+    }
+
     /// Lets go of the result strings pinned under `key`; false if this
     /// state holds none under it.
     pub fn unpin(&self, key: PinKey) -> bool {
@@ -230,6 +267,7 @@ fn build(
         let setup = CFunction::new(l, task::setup);
         let calls = Calls {
             run: CFunction::new(l, task::run),
+            update: CFunction::new(l, task::update),
             unpin: CFunction::new(l, task::unpin),
             collect: CFunction::new(l, task::collect),
         };
@@ -239,6 +277,7 @@ fn build(
     let mut s = Setup {
         init: spec.init.as_ref(),
         process: &spec.process,
+        update: spec.update.as_ref(),
         style: spec.style,
         refs: Refs::default(),
         error: None,

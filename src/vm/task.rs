@@ -1,6 +1,6 @@
 //! What runs inside a pool thread's protected calls (lua/call.rs): the
-//! state's setup once its collector runs, one task, letting go of pinned
-//! result strings, and a full collection. Each is a C function called with
+//! state's setup once its collector runs, one task, an update, letting go
+//! of pinned result strings, and a full collection. Each is a C function called with
 //! its context as a light userdata; whatever Lua raises in it (out of
 //! memory, a finalizer's error) stops at the call's boundary, and the
 //! Rust frames between own nothing but what the context owns.
@@ -22,12 +22,16 @@ pub struct Refs {
     pub pins: c_int,
     /// `tostring` as the state started, for error values.
     pub tostring: c_int,
+    /// The update chunk (0: none).
+    pub update: c_int,
 }
 
-/// The setup: the init chunk, then the handler, per `style`.
+/// The setup: the init chunk, then the handler, per `style`, and the
+/// update chunk.
 pub struct Setup<'a> {
     pub init: Option<&'a Chunk>,
     pub process: &'a Chunk,
+    pub update: Option<&'a Chunk>,
     pub style: Style,
     pub refs: Refs,
     pub error: Option<String>,
@@ -76,6 +80,45 @@ pub unsafe extern "C-unwind" fn setup(l: *mut lua_State) -> c_int {
             }
         }
         s.refs.handler = ffi::luaL_ref(l, ffi::LUA_REGISTRYINDEX);
+        if let Some(update) = s.update {
+            if let Err(e) = load(l, update) {
+                s.error = Some(e);
+                return 0;
+            }
+            s.refs.update = ffi::luaL_ref(l, ffi::LUA_REGISTRYINDEX);
+        }
+    }
+    0
+}
+
+/// An update applied: the update chunk run with its arguments.
+pub struct Apply<'a> {
+    pub refs: Refs,
+    pub args: &'a [u8],
+    pub error: Option<String>,
+}
+
+pub unsafe extern "C-unwind" fn update(l: *mut lua_State) -> c_int {
+    // SAFETY: called by CFunction::call with an Apply (ThreadVm::update).
+    let a = unsafe { &mut *argument::<Apply>(l) };
+    // SAFETY: l is this thread's state inside a protected call; the chunk
+    // and its values go above the light userdata (index 1), push_values
+    // reserves the slots it needs; update arguments borrow nothing.
+    unsafe {
+        ffi::lua_rawgeti_(l, ffi::LUA_REGISTRYINDEX, a.refs.update);
+        let n = match codec::push_values(l, a.args, &[]) {
+            Ok(n) => n,
+            Err(e) => {
+                a.error = Some(e.to_string());
+                return 0;
+            }
+        };
+        match ffi::lua_pcall(l, n as c_int, 0, 0) {
+            ffi::LUA_OK => {}
+            ffi::LUA_ERRMEM => a.error = Some(codec::NOT_ENOUGH_MEMORY.into()),
+            _ => a.error = Some(error_text(l, a.refs.tostring)),
+        }
+        ffi::lua_settop(l, 1);
     }
     0
 }

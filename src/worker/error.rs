@@ -13,6 +13,8 @@ pub enum WorkerError {
     /// fallback).
     Overloaded,
     NoSuchPool,
+    /// `thread_pool_update_size off`.
+    UpdatesOff,
     /// The worker is exiting, or every thread of the pool is gone.
     Stopped,
     /// More task records than a handle can name (2^32).
@@ -31,6 +33,9 @@ impl fmt::Display for WorkerError {
             WorkerError::QueueFull => f.write_str("queue full"),
             WorkerError::Overloaded => f.write_str(OVERLOADED),
             WorkerError::NoSuchPool => f.write_str("no such thread pool"),
+            WorkerError::UpdatesOff => {
+                f.write_str("its updates are off (thread_pool_update_size off)")
+            }
             WorkerError::Stopped => f.write_str("thread pool is stopped"),
             WorkerError::TooManyTasks => f.write_str("too many tasks"),
             WorkerError::Semaphore(why) => write!(f, "cannot create a semaphore: {why}"),

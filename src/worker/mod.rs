@@ -19,10 +19,13 @@ pub use error::{WorkerError, OVERLOADED};
 use crate::handoff::job::{Job, PoolId, PushId, POSTED};
 use crate::handoff::payload::Args;
 use crate::handoff::stream::Stream;
+use crate::handoff::update::UpdateZone;
 use crate::ngx::log::{self, Log};
+use crate::stats::{ThreadVersion, UpdateError};
 use crate::thread::handler::Spec;
 use crate::thread::run::{self as threads, PoolThread, THREAD_STACK_SIZE};
 use crate::thread::shadow::{self, Shadow};
+use crate::thread::updates::{Latest, ThreadUpdates, Watcher};
 use crate::thread::watchdog;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
@@ -46,6 +49,9 @@ struct Pool {
     stats: &'static PoolStats,
     /// `stats.taken` as last read (see PoolStats::reserve).
     taken: u64,
+    /// Where its updates are kept, and the thread that reads them.
+    updates: Option<UpdateZone>,
+    watcher: Option<Watcher>,
 }
 
 /// The worker's state; lives on the event-loop thread only.
@@ -78,6 +84,11 @@ pub struct PoolSetup {
     /// `thread_pool_shadow`: the index of the shadow pool and the
     /// options.
     pub shadow: Option<(usize, crate::conf::ShadowOptions)>,
+    /// Where the pool's updates are kept (None: off).
+    pub updates: Option<UpdateZone>,
+    /// This worker's update error and thread versions of the pool, in the
+    /// status table.
+    pub versions: Option<(&'static UpdateError, &'static [ThreadVersion])>,
 }
 
 thread_local! {
@@ -259,6 +270,12 @@ impl Worker {
         Some(self.pools.get(pool)?.stats)
     }
 
+    /// The update zone and name of pool `pool`.
+    pub fn updates(&self, pool: PoolId) -> Result<(UpdateZone, &str), WorkerError> {
+        let p = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?;
+        Ok((p.updates.ok_or(WorkerError::UpdatesOff)?, &p.name))
+    }
+
     /// Takes every completion posted so far (called on wake-up, and by
     /// post_task, whose pushes come back without one).
     pub fn drain(&mut self) {
@@ -316,6 +333,9 @@ pub fn stop(grace: Duration) {
     }
     for p in &mut worker.pools {
         p.jobs = None;
+        if let Some(w) = p.watcher.take() {
+            w.stop();
+        }
     }
     let deadline = Instant::now() + grace;
     for p in &mut worker.pools {
@@ -415,9 +435,12 @@ fn spawn_pool(
         threads,
         max_queue,
         shadow: _,
+        updates,
+        versions,
     } = setup;
     let (tx, rx) = channel.clone();
     let mut handles = Vec::with_capacity(threads);
+    let (latest, mut thread_updates) = pool_updates(updates.as_ref(), threads, stats, versions);
     for i in 0..threads {
         let running = Arc::new(watchdog::Running::default());
         if let Some(threshold) = spec.settings.slow_task {
@@ -438,6 +461,7 @@ fn spawn_pool(
                 epoch: given.epoch,
             },
             shadow: shadow.clone(),
+            updates: thread_updates.next().flatten(),
         };
         let (thread_spec, rx, done) = (spec.clone(), rx.clone(), given.done.clone());
         let handle = std::thread::Builder::new()
@@ -457,6 +481,13 @@ fn spawn_pool(
             spec.name, spec.settings.scheduling
         ),
     );
+    let watcher = updates
+        .map(|zone| Watcher::start(&spec.name, zone, latest, stats))
+        .transpose()
+        .map_err(|err| WorkerError::ThreadSpawn {
+            pool: spec.name.clone(),
+            err,
+        })?;
     Ok(Pool {
         name: spec.name,
         max_queue,
@@ -464,7 +495,31 @@ fn spawn_pool(
         threads: handles,
         stats,
         taken: 0,
+        updates,
+        watcher,
     })
+}
+
+/// A pool's latest update as its update `zone` holds it now, so that
+/// the threads start at it, and what each of its threads keeps of its
+/// updates (None without a zone: `thread_pool_update_size off`).
+fn pool_updates(
+    zone: Option<&UpdateZone>,
+    threads: usize,
+    stats: &'static PoolStats,
+    versions: Option<(&'static UpdateError, &'static [ThreadVersion])>,
+) -> (Arc<Latest>, impl Iterator<Item = Option<ThreadUpdates>>) {
+    let (latest, wakes) = Latest::new(threads);
+    if let Some(zone) = zone {
+        latest.refresh(zone, stats);
+    }
+    let each = latest.clone();
+    let on = zone.is_some();
+    let thread_updates = wakes.into_iter().enumerate().map(move |(i, wake)| {
+        let slot = versions.and_then(|(error, slots)| Some((error, slots.get(i)?)));
+        on.then(|| ThreadUpdates::new(each.clone(), wake, slot))
+    });
+    (latest, thread_updates)
 }
 
 /// The watchdog of slow tasks, if any thread is watched.

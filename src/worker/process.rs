@@ -59,19 +59,22 @@ pub unsafe fn init_process(
     let ngx_env = unsafe { thread_ngx_env(cycle, conf.lua_vm) };
     // One spec per configured pool, in order: a pool's index in the
     // configuration is its id in the shim (api/functions.rs).
+    let me = ngx::http::worker_number();
     let specs: Result<Vec<_>, String> = conf
         .pools
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
             let kind = match p.process.clone().ok_or("pool without handler")? {
-                conf::Process::Lua(process, style) => handler::Kind::Lua(vm::Spec {
+                conf::Process::Lua(process, style) => handler::Kind::Lua(Box::new(vm::Spec {
                     init: p.init.clone(),
                     process,
                     style,
+                    update: p.update.clone(),
                     package_path: paths.as_ref().map(|(path, _)| path.clone()),
                     package_cpath: paths.as_ref().map(|(_, cpath)| cpath.clone()),
                     ngx: ngx_env.clone(),
-                }),
+                })),
                 conf::Process::Native(native) => handler::Kind::Native(native),
             };
             let spec = handler::Spec {
@@ -85,10 +88,11 @@ pub unsafe fn init_process(
                 threads: p.threads,
                 max_queue: p.max_queue,
                 shadow: p.shadow.as_ref().map(|s| (s.pool, s.options)),
+                updates: p.updates,
+                versions: conf.status.as_ref().and_then(|t| t.versions(me, i)),
             })
         })
         .collect();
-    let me = ngx::http::worker_number();
     let started = specs.and_then(|specs| {
         crate::handoff::notify::install(worker::drain, worker::awaiting)?;
         let shared = conf.status.as_ref().and_then(|t| t.row(me));

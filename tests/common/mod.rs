@@ -38,7 +38,7 @@ pub use env::{
 pub use http::{request, try_request, Response};
 pub use log::{assert_clean, assert_clean_but, matches, matches_whole};
 pub use metrics::prometheus;
-pub use procs::{children_of, rss_kib, status_kib, thread_count};
+pub use procs::{children_of, kill, rss_kib, status_kib, thread_count};
 pub use scratch::{free_port, prefix};
 pub use server::Nginx;
 pub use wait::{eventually, skipped_once_idle};

@@ -32,3 +32,13 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// Sends signal `sig` (a name: KILL, TERM...) to process `pid`.
+pub fn kill(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}

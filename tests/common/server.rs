@@ -131,12 +131,7 @@ impl Nginx {
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.master_pid().to_string())
-            .status()
-            .unwrap();
-        assert!(ok.success());
+        super::procs::kill(self.master_pid(), sig);
     }
 
     /// Sends QUIT and waits for the master to exit; returns whether it did

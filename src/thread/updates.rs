@@ -1,0 +1,265 @@
+//! A worker's side of a pool's updates (docs/updates.md): the update
+//! thread, which waits on the pool's update zone (handoff/update.rs) and
+//! hands each new update to the pool's threads, and what a pool thread
+//! keeps of them. A pool thread applies the latest update between two
+//! tasks (thread/run.rs), so that every task runs on one version; the
+//! last of the worker's threads to apply it logs its outcome.
+
+use crate::handoff::update::{Update, UpdateZone};
+use crate::ngx::log::{self, Log};
+use crate::ngx::os;
+use crate::stats::{PoolStats, ThreadVersion, UpdateError};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// An update and how far it got in this worker.
+pub struct Current {
+    pub update: Update,
+    /// The pool's threads in the worker.
+    threads: usize,
+    /// The worker's threads that have not moved to it or past it.
+    pending: AtomicUsize,
+    failed: AtomicUsize,
+    /// The first failure's error.
+    error: Mutex<Option<String>>,
+}
+
+/// A pool's latest update in this worker, as its update thread read it.
+pub struct Latest {
+    version: AtomicU64,
+    current: Mutex<Option<Arc<Current>>>,
+    /// Each thread's wake-up, for threads waiting for a job.
+    wakes: Vec<Sender<()>>,
+    threads: usize,
+}
+
+impl Latest {
+    /// The latest for `threads` threads, and each thread's wake-up.
+    pub fn new(threads: usize) -> (Arc<Latest>, Vec<Receiver<()>>) {
+        let (wakes, receivers) = (0..threads).map(|_| bounded(1)).unzip();
+        let latest = Latest {
+            version: AtomicU64::new(0),
+            current: Mutex::new(None),
+            wakes,
+            threads,
+        };
+        (Arc::new(latest), receivers)
+    }
+
+    /// Reads `zone` and, if it holds a later update than the last read,
+    /// hands it to the threads (woken), and sets the pool's version gauge.
+    pub fn refresh(&self, zone: &UpdateZone, stats: &PoolStats) {
+        if zone.version() <= self.version.load(Ordering::Relaxed) {
+            return;
+        }
+        let held = self.get().and_then(|c| c.update.code.clone());
+        let Some(update) = zone.read(held.as_ref()) else {
+            return;
+        };
+        let version = update.version;
+        let current = Current {
+            update,
+            threads: self.threads,
+            pending: AtomicUsize::new(self.threads),
+            failed: AtomicUsize::new(0),
+            error: Mutex::new(None),
+        };
+        *lock(&self.current) = Some(Arc::new(current));
+        self.version.store(version, Ordering::Release);
+        stats.update_version.store(version, Ordering::Relaxed);
+        for wake in &self.wakes {
+            let _ = wake.try_send(());
+        }
+    }
+
+    /// The latest update, if any.
+    fn get(&self) -> Option<Arc<Current>> {
+        lock(&self.current).clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a pool thread keeps of its pool's updates.
+pub struct ThreadUpdates {
+    pub latest: Arc<Latest>,
+    /// Woken when an update comes while the thread waits for a job.
+    pub wake: Receiver<()>,
+    /// Its versions in the status table, and its worker's pool's error.
+    pub slot: Option<&'static ThreadVersion>,
+    pub error: Option<&'static UpdateError>,
+    /// The update its state is at; None: the configuration's.
+    pub applied: Option<Arc<Current>>,
+    /// The latest version it failed to apply.
+    failed: u64,
+}
+
+/// The outcome of one thread's update, for its worker's line.
+pub enum Moved {
+    Applied,
+    Failed(String),
+}
+
+impl ThreadUpdates {
+    pub fn new(
+        latest: Arc<Latest>,
+        wake: Receiver<()>,
+        versions: Option<(&'static UpdateError, &'static ThreadVersion)>,
+    ) -> ThreadUpdates {
+        ThreadUpdates {
+            latest,
+            wake,
+            slot: versions.map(|(_, slot)| slot),
+            error: versions.map(|(error, _)| error),
+            applied: None,
+            failed: 0,
+        }
+    }
+
+    /// The version the thread's state is at.
+    pub fn version(&self) -> u64 {
+        self.applied.as_ref().map_or(0, |c| c.update.version)
+    }
+
+    /// The latest update, if the thread has neither applied nor failed it.
+    pub fn newer(&self) -> Option<Arc<Current>> {
+        let latest = self.latest.version.load(Ordering::Acquire);
+        if latest <= self.version().max(self.failed) {
+            return None;
+        }
+        self.latest.get()
+    }
+
+    /// Records that the thread moved to `current` or failed it, counted in
+    /// `stats`; the last of the worker's threads logs the update's outcome
+    /// for `pool` to `log`.
+    pub fn record(
+        &mut self,
+        current: Arc<Current>,
+        moved: Moved,
+        pool: &str,
+        stats: &PoolStats,
+        log: Option<Log>,
+    ) {
+        let version = current.update.version;
+        match moved {
+            Moved::Applied => {
+                PoolStats::add(&stats.updates_applied);
+                if let Some(slot) = self.slot {
+                    slot.applied.store(version, Ordering::Relaxed);
+                }
+                self.applied = Some(current.clone());
+            }
+            Moved::Failed(e) => {
+                PoolStats::add(&stats.updates_failed);
+                if let Some(slot) = self.slot {
+                    slot.failed.store(version, Ordering::Relaxed);
+                }
+                if let Some(error) = self.error {
+                    error.set(version, &e);
+                }
+                current.failed.fetch_add(1, Ordering::Relaxed);
+                lock(&current.error).get_or_insert(e);
+                self.failed = version;
+            }
+        }
+        if current.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            outcome(&current, pool, stats, log);
+        }
+    }
+}
+
+/// The line of an update every thread of the worker moved to or failed,
+/// and the time it took them.
+fn outcome(current: &Current, pool: &str, stats: &PoolStats, log: Option<Log>) {
+    let u = &current.update;
+    let took_us = os::wall_clock_us().saturating_sub(u.called_at_us);
+    stats.update_seconds.store(took_us, Ordering::Relaxed);
+    let (version, source, threads) = (u.version, u.source, current.threads);
+    let failed = current.failed.load(Ordering::Relaxed);
+    let took = took_us as f64 / 1000.0;
+    let line = |level, args| match log {
+        Some(l) => l.message(level, args),
+        None => eprintln!("{}{args}", log::PREFIX),
+    };
+    if failed == 0 {
+        line(
+            log::NGX_LOG_NOTICE,
+            format_args!(
+                "thread pool \"{pool}\": update {version} from worker {source} applied by {threads} threads, {took:.1} ms after the call"
+            ),
+        );
+    } else {
+        let error = lock(&current.error).clone().unwrap_or_default();
+        line(
+            log::NGX_LOG_ERR,
+            format_args!(
+                "thread pool \"{pool}\": update {version} from worker {source} failed in {failed} of {threads} threads, which keep their version: {error}"
+            ),
+        );
+    }
+}
+
+/// A pool's update thread in this worker: stopped by `stop`.
+pub struct Watcher {
+    stopping: Arc<AtomicBool>,
+    zone: UpdateZone,
+    handle: JoinHandle<()>,
+}
+
+/// How long an update thread waits before it reads the zone anyway (a
+/// wake-up lost to a writer killed between its write and its wake).
+const RECHECK: Duration = Duration::from_secs(1);
+
+impl Watcher {
+    /// Starts pool `pool`'s update thread, which hands the updates of
+    /// `zone` to `latest`.
+    pub fn start(
+        pool: &str,
+        zone: UpdateZone,
+        latest: Arc<Latest>,
+        stats: &'static PoolStats,
+    ) -> std::io::Result<Watcher> {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = stopping.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("tp update {pool}"))
+            .spawn(move || {
+                os::block_async_signals();
+                let Some(word) = zone.wake_word() else {
+                    return;
+                };
+                loop {
+                    let seen = word.load(Ordering::Acquire);
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    latest.refresh(&zone, stats);
+                    os::futex_wait(word, seen, RECHECK);
+                }
+            })?;
+        Ok(Watcher {
+            stopping,
+            zone,
+            handle,
+        })
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(self) {
+        self.stopping.store(true, Ordering::Release);
+        if let Some(word) = self.zone.wake_word() {
+            // changed, so that a thread about to wait does not; this wakes
+            // the other workers' update threads too, which find nothing
+            // new and wait again
+            word.fetch_add(1, Ordering::Release);
+            os::futex_wake(word);
+        }
+        let _ = self.handle.join();
+    }
+}
