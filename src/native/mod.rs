@@ -285,17 +285,3 @@ unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, 
         }
     });
 }
-// TEMP-STUB
-impl State {
-    pub fn update(&self, _version: u64, _args: &[u8]) -> Result<(), String> {
-        Err("stub".into())
-    }
-    pub fn takes_updates(&self) -> bool {
-        false
-    }
-}
-impl Library {
-    pub fn no_updates(&self) -> Option<String> {
-        None
-    }
-}
