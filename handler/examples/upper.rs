@@ -2,15 +2,17 @@
 //! `target/release/examples/libupper.so`) that shows the crate's parts;
 //! tests/c_abi.rs drives it through the C header.
 //!
-//! `push_task(s [, n])`: `s` upper-cased, this thread's count of tasks, and
-//! whether the task was cancelled; `s` = "panic" panics, "fail" fails,
-//! "spin" loops until the caller gives up.
+//! `push_task(s [, n])`: `s` upper-cased with the latest update's suffix,
+//! this thread's count of tasks, and whether the task was cancelled; `s` =
+//! "panic" panics, "fail" fails, "spin" loops until the caller gives up.
+//! `update(suffix)` sets the suffix; `update("fail")` fails.
 
-use ngx_threadpool_handler::{export, Error, Handler, Init, Task, Values};
+use ngx_threadpool_handler::{export, Error, Handler, Init, Task, Update, Values};
 
 struct State {
     pool: String,
     tasks: u64,
+    suffix: String,
 }
 
 impl Handler for State {
@@ -30,6 +32,7 @@ impl Handler for State {
         Ok(State {
             pool: init.pool().to_string(),
             tasks: 0,
+            suffix: String::new(),
         })
     }
 
@@ -42,7 +45,18 @@ impl Handler for State {
             "spin" => while !task.cancelled() {},
             _ => log::warn!("task {}", self.tasks),
         }
-        Ok(Values((s.to_uppercase(), self.tasks, task.cancelled())))
+        let upper = s.to_uppercase() + &self.suffix;
+        Ok(Values((upper, self.tasks, task.cancelled())))
+    }
+
+    fn update(&mut self, update: &Update<'_>) -> Result<(), Error> {
+        let suffix: &str = update.args()?;
+        if suffix == "fail" {
+            return Err(format!("update {} refused", update.version()).into());
+        }
+        log::info!("version {} suffix {suffix}", update.version());
+        self.suffix = suffix.to_string();
+        Ok(())
     }
 }
 

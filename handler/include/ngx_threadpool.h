@@ -2,11 +2,13 @@
  * ngx_threadpool.h: the ABI between the ngx_threadpool nginx module and a
  * native handler library (thread_pool_process_by_rust POOL PATH [CONFIG]).
  *
- * A handler library is a shared object exporting the four functions below.
- * The module loads it when the configuration is read (so `nginx -t` checks
- * it), builds one handler state per pool thread with ngx_threadpool_init,
- * and calls ngx_threadpool_process for each task, always from the thread
- * that owns the state. States are never shared between threads.
+ * A handler library is a shared object exporting the four functions below,
+ * and optionally a fifth, ngx_threadpool_update. The module loads it when
+ * the configuration is read (so `nginx -t` checks it), builds one handler
+ * state per pool thread with ngx_threadpool_init, and calls
+ * ngx_threadpool_process for each task and ngx_threadpool_update for each
+ * live update, always from the thread that owns the state. States are
+ * never shared between threads.
  *
  * Values cross as MessagePack, the payload the Lua side already uses:
  *
@@ -34,7 +36,10 @@ extern "C" {
 
 /* What ngx_threadpool_abi_version returns. Version 2 added send and
  * receive to ngx_tp_task_t; the module loads libraries of versions 1 and
- * 2 (a version 1 library never reads the fields it does not know). */
+ * 2 (a version 1 library never reads the fields it does not know). The
+ * optional export ngx_threadpool_update changes no version: the module
+ * looks it up in a library of any version, and a module that does not
+ * know it never looks. */
 #define NGX_THREADPOOL_ABI_VERSION 2
 
 /* The msgpack ext type of a borrowed string. */
@@ -47,7 +52,7 @@ extern "C" {
 #define NGX_TP_MAX_VALUES 4096
 #define NGX_TP_MAX_DEPTH  100
 
-/* Return codes of init and process. */
+/* Return codes of init, process and update. */
 #define NGX_TP_OK     0   /* out holds the results payload */
 #define NGX_TP_ERROR  1   /* out holds an error payload: one value, the
                              caller gets nil and that value */
@@ -80,7 +85,7 @@ typedef struct ngx_tp_out_s {
 } ngx_tp_out_t;
 
 /* Writes a line to nginx's error log at level, naming the pool and thread.
- * Callable from the handler's thread during init and process. */
+ * Callable from the handler's thread during init, process and update. */
 typedef void (*ngx_tp_log_pt)(const void *log, int level,
                               const unsigned char *msg, size_t len);
 
@@ -119,9 +124,19 @@ typedef struct ngx_tp_task_s {
     int (*receive)(const struct ngx_tp_task_s *task, ngx_tp_out_t *out);
 } ngx_tp_task_t;
 
-/* The four exports of a handler library, each declared through its
- * function type (NAME_t), which a module that loads a library looks its
- * exports up as. */
+/* A live update (tp.NAME:update(...)): a version, larger than any
+ * before it, and the arguments' payload, encoded as a task's but always
+ * copied: never an ext value, so there are no spans. It carries the whole
+ * new state, not a change to the previous one: a thread that starts after
+ * several updates gets only the latest. */
+typedef struct {
+    uint64_t version;
+    ngx_tp_bytes_t args;   /* valid until update returns */
+} ngx_tp_update_t;
+
+/* The exports of a handler library, each declared through its function
+ * type (NAME_t), which a module that loads a library looks its exports up
+ * as: four, and ngx_threadpool_update, which is optional. */
 
 /* Returns NGX_THREADPOOL_ABI_VERSION of the header it was built with. */
 typedef uint32_t ngx_threadpool_abi_version_t(void);
@@ -143,6 +158,17 @@ ngx_threadpool_process_t ngx_threadpool_process;
 /* Frees a state when its thread exits (worker exit or reload). */
 typedef void ngx_threadpool_free_t(void *state);
 ngx_threadpool_free_t ngx_threadpool_free;
+
+/* Optional. Applies a live update to this thread's state, between two of
+ * its tasks: NGX_TP_OK once the state is the update's, or NGX_TP_ERROR
+ * with one error value in err (empty on entry; read only on NGX_TP_ERROR)
+ * and the state left as it was: the thread keeps serving its previous
+ * state and version, and the failure is reported. A library without this
+ * export loads as before, and the module refuses updates of its pool. */
+typedef int ngx_threadpool_update_t(void *state,
+                                    const ngx_tp_update_t *update,
+                                    ngx_tp_out_t *err);
+ngx_threadpool_update_t ngx_threadpool_update;
 
 #ifdef __cplusplus
 }

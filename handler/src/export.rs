@@ -1,12 +1,12 @@
-//! The bodies of the four exports that [`export!`](crate::export)
+//! The bodies of the five exports that [`export!`](crate::export)
 //! generates for a [`Handler`]: the C ABI's edge, where panics are caught
 //! and results and errors become payloads and return codes. Nothing
 //! unwinds past these functions.
 
-use crate::ffi::{self, ngx_tp_init_t, ngx_tp_out_t, ngx_tp_task_t};
+use crate::ffi::{self, ngx_tp_init_t, ngx_tp_out_t, ngx_tp_task_t, ngx_tp_update_t};
 use crate::logger::{self, Scope, Sink};
 use crate::results::{error_payload, IntoResults};
-use crate::{Handler, Init, Task};
+use crate::{Handler, Init, Task, Update};
 use ngx_threadpool_wire::{level, panicked, status};
 use std::any::Any;
 use std::cell::Cell;
@@ -176,6 +176,37 @@ pub unsafe fn process<H: Handler>(
     }
     // SAFETY: the caller's contract: out is the module's, empty.
     unsafe { reply.send(out) }
+}
+
+/// `ngx_threadpool_update`: runs `H::update` on the state that
+/// [`init`]`::<H>` built.
+///
+/// # Safety
+/// The header's contract: `state` from `ngx_threadpool_init`, that is
+/// `init::<H>`, on its own thread; `update` and its payload alive for the
+/// call; `err` the module's, empty.
+pub unsafe fn update<H: Handler>(
+    state: *mut c_void,
+    update: *const ngx_tp_update_t,
+    err: *mut ngx_tp_out_t,
+) -> c_int {
+    // SAFETY: the caller's contract: state is a Slot<H> from init::<H>,
+    // used by this thread only, so not otherwise borrowed.
+    let slot = unsafe { &mut *state.cast::<Slot<H>>() };
+    let _scope = Scope::enter(slot.sink);
+    let mut reply = Reply::new();
+    // SAFETY: the caller's contract: the update and its payload are alive
+    // for the call, which the Update does not outlive.
+    match unsafe { Update::new(&*update) } {
+        Ok(update) => match catch_unwind(AssertUnwindSafe(|| slot.state.update(&update))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => reply.fail(e),
+            Err(panic) => reply.fail(panic_text(panic)),
+        },
+        Err(e) => reply.fail(e),
+    }
+    // SAFETY: the caller's contract: err is the module's, empty.
+    unsafe { reply.send(err) }
 }
 
 /// `ngx_threadpool_free`: drops the state; a panic in its `Drop` is logged.

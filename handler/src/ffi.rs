@@ -72,6 +72,16 @@ pub struct ngx_tp_task_t {
     pub receive: unsafe extern "C" fn(task: *const ngx_tp_task_t, out: *mut ngx_tp_out_t) -> c_int,
 }
 
+/// `ngx_tp_update_t`: what `ngx_threadpool_update` gets.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ngx_tp_update_t {
+    /// The update's version, larger than any before it.
+    pub version: u64,
+    /// The arguments' payload, without borrowed strings.
+    pub args: ngx_tp_bytes_t,
+}
+
 /// The bytes of `b`.
 ///
 /// # Safety

@@ -1,6 +1,9 @@
 //! The contract a handler library implements: the [`Handler`] trait.
 
-use crate::{Error, Init, IntoResults, Task};
+use crate::{Error, Init, IntoResults, Task, Update};
+
+/// What [`Handler::update`]'s default returns.
+pub(crate) const NO_UPDATES: &str = "this handler takes no updates (Handler::update)";
 
 /// A native handler: the state of one pool thread, built on that thread by
 /// [`init`](Handler::init), which gets each of its tasks through
@@ -23,6 +26,15 @@ use crate::{Error, Init, IntoResults, Task};
 ///   as the panic left it; a panic in `init` is `init`'s error
 ///   `panic: <message>` (so the tasks get
 ///   `nil, 'thread pool "NAME" is not usable: panic: <message>'`).
+/// * **Live updates** (`tp.NAME:update(...)`, optional): `update` runs on
+///   each thread's state between two of its tasks, on the thread that owns
+///   it, with the update's version and arguments. An update carries the
+///   whole new state, not a change to the previous one: a thread that
+///   starts later gets `init` and then only the latest update. An `Err` or
+///   a panic leaves the thread at its previous version, serving the state
+///   as `update` left it, and the failure is reported: so check and build
+///   everything first, and change the state only once nothing can fail.
+///   The default refuses every update.
 ///
 /// ```
 /// use ngx_threadpool_handler::{export, Error, Handler, Init, Task};
@@ -83,4 +95,13 @@ pub trait Handler: Sized {
 
     /// Runs one task on this thread's state.
     fn process<'t>(&mut self, task: &Task<'t>) -> Result<Self::Output<'t>, Error>;
+
+    /// Makes this thread's state the one `update` describes, between two
+    /// tasks: `Ok` once it is, `Err` (before changing anything) to keep
+    /// the previous one. The default returns
+    /// `Err("this handler takes no updates (Handler::update)")`.
+    fn update(&mut self, update: &Update<'_>) -> Result<(), Error> {
+        let _ = update;
+        Err(NO_UPDATES.into())
+    }
 }

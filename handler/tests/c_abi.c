@@ -14,6 +14,7 @@ static __typeof__(ngx_threadpool_abi_version) *abi_version;
 static __typeof__(ngx_threadpool_init) *init;
 static __typeof__(ngx_threadpool_process) *process;
 static __typeof__(ngx_threadpool_free) *free_state;
+static __typeof__(ngx_threadpool_update) *update;
 
 typedef struct {
     ngx_tp_out_t out;       /* first: the handler gets &out */
@@ -84,7 +85,8 @@ main(int argc, char **argv)
     init = (__typeof__(init)) dlsym(lib, "ngx_threadpool_init");
     process = (__typeof__(process)) dlsym(lib, "ngx_threadpool_process");
     free_state = (__typeof__(free_state)) dlsym(lib, "ngx_threadpool_free");
-    if (!abi_version || !init || !process || !free_state) {
+    update = (__typeof__(update)) dlsym(lib, "ngx_threadpool_update");
+    if (!abi_version || !init || !process || !free_state || !update) {
         printf("dlsym missing\n");
         return 1;
     }
@@ -116,6 +118,22 @@ main(int argc, char **argv)
     spans[0] = (ngx_tp_bytes_t) { (const unsigned char *) "panic", 5 };
     rc = process(state, &task, &o.out);
     print_payload("panic", rc, &o);
+
+    /* ("!") and ("fail"): an update's arguments are copied, never spans */
+    static const unsigned char suffix[] = { 0x01, 0x81, 0x01, 0xa1, '!' };
+    static const unsigned char fail[] = {
+        0x01, 0x81, 0x01, 0xa4, 'f', 'a', 'i', 'l'
+    };
+    ngx_tp_update_t up = { 7, { suffix, sizeof(suffix) } };
+    rc = update(state, &up, &o.out);
+    print_payload("update", rc, &o);
+    up = (ngx_tp_update_t) { 8, { fail, sizeof(fail) } };
+    rc = update(state, &up, &o.out);
+    print_payload("update", rc, &o);
+
+    spans[0] = (ngx_tp_bytes_t) { (const unsigned char *) "hello", 5 };
+    rc = process(state, &task, &o.out);
+    print_payload("process", rc, &o);
 
     free_state(state);
     printf("freed\n");

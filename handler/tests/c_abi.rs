@@ -1,7 +1,7 @@
 //! The C header against a library built with this crate: a C program
 //! built with `cc` against include/ngx_threadpool.h loads the example
 //! handler (examples/upper.rs, built here so that it is never stale) by
-//! its four export names and calls them with the header's structs.
+//! its five export names and calls them with the header's structs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -74,6 +74,15 @@ fn a_c_program_drives_the_exports_through_the_header() {
         &str_value("panic: asked to, in cpool"),
     ]
     .concat();
+    // the update's failure: uint(1) map(1) {1: "update 8 refused"}
+    let refused = [&[0x01, 0x81, 0x01][..], &str_value("update 8 refused")].concat();
+    // after update 7: Values(("HELLO!", 3, true))
+    let updated = [
+        &[0xce, 0, 0, 0, 3, 0xdf, 0, 0, 0, 3, 0x01][..],
+        &str_value("HELLO!"),
+        &[0x02, 0x03, 0x03, 0xc3],
+    ]
+    .concat();
     let want = format!(
         "abi 2\n\
          log L 7 cpool #2 config Some(\"c\")\n\
@@ -81,9 +90,16 @@ fn a_c_program_drives_the_exports_through_the_header() {
          log L 5 task 1\n\
          process 0 {}\n\
          panic 1 {}\n\
+         log L 7 version 7 suffix !\n\
+         update 0 \n\
+         update 1 {}\n\
+         log L 5 task 3\n\
+         process 0 {}\n\
          freed\n",
         hex(&ok),
-        hex(&panic)
+        hex(&panic),
+        hex(&refused),
+        hex(&updated)
     );
     assert_eq!(stdout, want);
 }

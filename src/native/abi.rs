@@ -26,8 +26,9 @@ pub type AbiVersionFn = <ngx_threadpool_abi_version_t as Function>::Fn;
 pub type InitFn = <ngx_threadpool_init_t as Function>::Fn;
 pub type ProcessFn = <ngx_threadpool_process_t as Function>::Fn;
 pub type FreeFn = <ngx_threadpool_free_t as Function>::Fn;
+pub type UpdateFn = <ngx_threadpool_update_t as Function>::Fn;
 
-/// NGX_TP_OK and NGX_TP_ERROR, as init and process return them.
+/// NGX_TP_OK and NGX_TP_ERROR, as init, process and update return them.
 pub const OK: i32 = NGX_TP_OK as i32;
 pub const ERROR: i32 = NGX_TP_ERROR as i32;
 /// NGX_TP_CANCELLED, NGX_TP_END, NGX_TP_NO_STREAM (a task's send and

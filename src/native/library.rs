@@ -1,7 +1,8 @@
 //! A native handler library, loaded when the configuration is read so
-//! that `nginx -t` checks it: the file, its four exports, its ABI version.
+//! that `nginx -t` checks it: the file, its four exports and the optional
+//! fifth (`ngx_threadpool_update`), its ABI version.
 
-use super::abi::{AbiVersionFn, FreeFn, InitFn, ProcessFn};
+use super::abi::{AbiVersionFn, FreeFn, InitFn, ProcessFn, UpdateFn};
 use crate::ngx::dl::Dl;
 use ngx_threadpool_wire as wire;
 use std::ffi::CStr;
@@ -17,9 +18,15 @@ pub struct Library {
     pub init: InitFn,
     pub process: ProcessFn,
     pub free: FreeFn,
+    /// None when the library leaves it out: its pool takes no updates.
+    pub update: Option<UpdateFn>,
     /// Last: the functions above point into it.
     _dl: Dl,
 }
+
+/// What an update of a pool whose library has no `ngx_threadpool_update`
+/// gets, after `the library "PATH" ` (Library::no_updates).
+pub const NO_UPDATES: &str = "has no ngx_threadpool_update: its pool takes no updates";
 
 /// Why a library cannot be a handler; each names the library.
 #[derive(Debug)]
@@ -76,15 +83,18 @@ impl Library {
             symbol(c"ngx_threadpool_process")?,
             symbol(c"ngx_threadpool_free")?,
         );
+        // optional: its absence is no error
+        let update = dl.symbol(c"ngx_threadpool_update").ok();
         // SAFETY: the header declares these exports with these signatures;
         // a library exporting the names with other types breaks its
         // contract (as a C caller of it would find).
-        let (version, init, process, free) = unsafe {
+        let (version, init, process, free, update) = unsafe {
             (
                 std::mem::transmute::<*mut std::ffi::c_void, AbiVersionFn>(version.as_ptr()),
                 std::mem::transmute::<*mut std::ffi::c_void, InitFn>(init.as_ptr()),
                 std::mem::transmute::<*mut std::ffi::c_void, ProcessFn>(process.as_ptr()),
                 std::mem::transmute::<*mut std::ffi::c_void, FreeFn>(free.as_ptr()),
+                update.map(|u| std::mem::transmute::<*mut std::ffi::c_void, UpdateFn>(u.as_ptr())),
             )
         };
         // SAFETY: the header declares ngx_threadpool_abi_version as taking
@@ -99,7 +109,20 @@ impl Library {
             init,
             process,
             free,
+            update,
             _dl: dl,
         })
+    }
+
+    /// Whether the library exports `ngx_threadpool_update`: without it,
+    /// its pool takes no updates.
+    pub fn takes_updates(&self) -> bool {
+        self.update.is_some()
+    }
+
+    /// The error of an update sent to this library's pool when it takes
+    /// none.
+    pub fn no_updates(&self) -> String {
+        format!("the library \"{}\" {NO_UPDATES}", self.path)
     }
 }

@@ -1,7 +1,9 @@
 //! A pool thread's native handler: a library written to
 //! handler/include/ngx_threadpool.h (`thread_pool_process_by_rust`), one
 //! state of it per thread, built by `ngx_threadpool_init`, fed one task at
-//! a time by `ngx_threadpool_process` and freed by `ngx_threadpool_free`.
+//! a time by `ngx_threadpool_process`, updated between two tasks by
+//! `ngx_threadpool_update` (if the library has it) and freed by
+//! `ngx_threadpool_free`.
 //!
 //! The library gets the arguments' payload as it crossed (strings the
 //! event loop lends arrive as spans), writes its results through a writer
@@ -13,7 +15,7 @@
 mod abi;
 mod library;
 
-pub use library::{Library, LoadError};
+pub use library::{Library, LoadError, NO_UPDATES};
 
 use crate::codec::{self, Span, MAX_PAYLOAD};
 use crate::handoff::outcome::{Cancel, Outcome};
@@ -77,16 +79,7 @@ impl State {
         // state's); state and the writer are what the header says.
         let rc = unsafe { (spec.library.init)(&init, &mut state, &mut sink.out()) };
         let written = sink.finish();
-        if rc != abi::OK {
-            return Err(match written {
-                Err(text) => text.into_owned(),
-                Ok(()) if err.is_empty() => format!(
-                    "ngx_threadpool_init of \"{}\" returned {rc}",
-                    spec.library.path
-                ),
-                Ok(()) => codec::error_text(&err),
-            });
-        }
+        failure(rc, written, &err, "ngx_threadpool_init", &spec.library.path)?;
         Ok(State {
             state,
             library: spec.library.clone(),
@@ -129,15 +122,62 @@ impl State {
             (Ok(()), rc) => {
                 crate::handoff::outcome::fail(
                     out,
-                    &format!(
-                        "ngx_threadpool_process of \"{}\" returned {rc}",
-                        self.library.path
-                    ),
+                    &returned("ngx_threadpool_process", &self.library.path, rc),
                 );
                 Outcome::Failed
             }
         }
     }
+
+    /// Runs the library's update on this thread's state, between two
+    /// tasks: its error text when it fails (the library then kept its
+    /// previous state) or when the library has no update.
+    pub fn update(&self, version: u64, args: &[u8]) -> Result<(), String> {
+        let Some(update) = self.library.update else {
+            return Err(self.library.no_updates());
+        };
+        let raw = abi::ngx_tp_update_t {
+            version,
+            args: abi::bytes(args),
+        };
+        let mut err = Vec::new();
+        let mut sink = Sink::new(&mut err);
+        // SAFETY: the state is this thread's and no task runs on it; raw
+        // and its payload outlive the call, the writer is the sink's.
+        let rc = unsafe { update(self.state, &raw, &mut sink.out()) };
+        let written = sink.finish();
+        failure(
+            rc,
+            written,
+            &err,
+            "ngx_threadpool_update",
+            &self.library.path,
+        )
+    }
+}
+
+/// What init or update (`export`) of the library at `path` returned, rc
+/// with the error payload `err` it wrote: Ok, or the error's text (a
+/// refused write's, the payload's, or `returned`'s when there is none).
+fn failure(
+    rc: c_int,
+    written: Result<(), Cow<'static, str>>,
+    err: &[u8],
+    export: &str,
+    path: &str,
+) -> Result<(), String> {
+    match (rc, written) {
+        (abi::OK, _) => Ok(()),
+        (_, Err(text)) => Err(text.into_owned()),
+        (abi::ERROR, Ok(())) if !err.is_empty() => Err(codec::error_text(err)),
+        (rc, Ok(())) => Err(returned(export, path, rc)),
+    }
+}
+
+/// An export's return code that is none of its codes, or an error
+/// without its error value.
+fn returned(export: &str, path: &str, rc: c_int) -> String {
+    format!("{export} of \"{path}\" returned {rc}")
 }
 
 impl Drop for State {
@@ -284,4 +324,30 @@ unsafe extern "C" fn log_line(log: *const c_void, level: c_int, msg: *const u8, 
             None => eprintln!("[native] {}{}", String::from_utf8_lossy(msg), to.suffix),
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What init or update returned, as its caller gets it.
+    fn outcome(rc: c_int, written: Result<(), &'static str>, err: &[u8]) -> Result<(), String> {
+        let written = written.map_err(Cow::Borrowed);
+        failure(rc, written, err, "ngx_threadpool_update", "/lib.so")
+    }
+
+    #[test]
+    fn an_export_failure_is_its_error_value_or_names_the_export() {
+        // uint(1) map(1) {1: bin "no"}
+        let err = [0x01, 0x81, 0x01, 0xc4, 2, b'n', b'o'];
+        assert_eq!(outcome(abi::OK, Ok(()), &err), Ok(()));
+        assert_eq!(outcome(abi::ERROR, Ok(()), &err), Err("no".into()));
+        let returned = |rc| format!("ngx_threadpool_update of \"/lib.so\" returned {rc}");
+        assert_eq!(outcome(abi::ERROR, Ok(()), &[]), Err(returned(1)));
+        assert_eq!(outcome(7, Ok(()), &err), Err(returned(7)));
+        assert_eq!(
+            outcome(abi::ERROR, Err(codec::NOT_ENOUGH_MEMORY), &[]),
+            Err(codec::NOT_ENOUGH_MEMORY.into())
+        );
+    }
 }

@@ -21,5 +21,5 @@ mod waf;
 
 pub use pcre::{translate, Unsupported};
 pub use request::{for_each_subject, NotATable, Value};
-pub use rules::{parse, Rule, RulesError, Target};
+pub use rules::{parse, Rule, RuleList, RulesError, Target};
 pub use waf::{Waf, WafError};

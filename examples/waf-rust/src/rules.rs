@@ -6,8 +6,12 @@
 //! This reads that subset of Lua (table constructors of strings, integers
 //! and names, comments, short and long strings), enough for the generated
 //! file and for hand edits of it, and nothing that would need running Lua.
+//! A pool update's extra rules ([`RuleList`]) have the same shape, as a
+//! Lua array, and are checked by the same code.
 
 use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Unexpected, Visitor};
 
 /// What a rule looks at (waf.lua's `TARGETS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,15 +71,26 @@ pub struct Rule {
 pub enum RulesError {
     /// Not the Lua subset this reads, at a 1-based line.
     Syntax { line: usize, what: String },
-    /// A rule without a field it needs, or with a bad one (1-based position).
-    Field { rule: usize, what: String },
+    /// A rule without a field it needs, or with a bad one: its 1-based
+    /// position, and its id once that was read.
+    Field {
+        rule: usize,
+        id: Option<u32>,
+        what: String,
+    },
+    /// A list of rules that is not a list.
+    NotAList,
 }
 
 impl fmt::Display for RulesError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RulesError::Syntax { line, what } => write!(f, "line {line}: {what}"),
-            RulesError::Field { rule, what } => write!(f, "rule #{rule}: {what}"),
+            RulesError::Field {
+                id: Some(id), what, ..
+            } => write!(f, "waf rule {id}: {what}"),
+            RulesError::Field { rule, what, .. } => write!(f, "rule #{rule}: {what}"),
+            RulesError::NotAList => f.write_str("expected a list of rules"),
         }
     }
 }
@@ -276,20 +291,22 @@ fn field<'v>(fields: &'v [(Option<Vec<u8>>, Value)], name: &str) -> Option<&'v V
 }
 
 fn rule(n: usize, value: &Value) -> Result<Rule, RulesError> {
-    let bad = |what: &str| RulesError::Field {
+    let error = |id, what: &str| RulesError::Field {
         rule: n,
+        id,
         what: what.to_string(),
     };
     let Value::Table(fields) = value else {
-        return Err(bad("not a table"));
+        return Err(error(None, "not a table"));
     };
+    let id = match field(fields, "id") {
+        Some(&Value::Int(id)) => u32::try_from(id).map_err(|_| error(None, "id too large"))?,
+        _ => return Err(error(None, "no integer id")),
+    };
+    let bad = |what: &str| error(Some(id), what);
     let text = |name: &str| match field(fields, name) {
         Some(Value::Str(s)) => String::from_utf8(s.clone()).map_err(|_| bad("not UTF-8")),
         _ => Err(bad(&format!("no string {name}"))),
-    };
-    let id = match field(fields, "id") {
-        Some(&Value::Int(id)) => u32::try_from(id).map_err(|_| bad("id too large"))?,
-        _ => return Err(bad("no integer id")),
     };
     let targets = match field(fields, "targets") {
         Some(Value::Table(list)) if !list.is_empty() => list
@@ -328,16 +345,93 @@ pub fn parse(src: &[u8]) -> Result<Vec<Rule>, RulesError> {
     if r.peek().is_some() {
         return r.error("text after the table");
     }
+    rules_of(&list)
+}
+
+/// The rules of a list's items, in order.
+fn rules_of(list: &[(Option<Vec<u8>>, Value)]) -> Result<Vec<Rule>, RulesError> {
     list.iter()
         .enumerate()
         .map(|(i, (key, v))| match key {
             None => rule(i + 1, v),
             Some(_) => Err(RulesError::Field {
                 rule: i + 1,
+                id: None,
                 what: "a named field in the list of rules".into(),
             }),
         })
         .collect()
+}
+
+/// Rules sent as a Lua value (a pool update's argument): an array of
+/// tables in the rule file's shape, read and checked as the file's are.
+pub struct RuleList(pub Vec<Rule>);
+
+impl<'de> Deserialize<'de> for RuleList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RuleList, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Table(list) => rules_of(&list).map(RuleList),
+            _ => Err(RulesError::NotAList),
+        }
+        .map_err(de::Error::custom)
+    }
+}
+
+/// The values the file's reader takes (strings, non-negative integers,
+/// tables whose keys are names or positions), from a Lua value.
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(ValueVisitor)
+    }
+}
+
+struct ValueVisitor;
+
+impl<'de> Visitor<'de> for ValueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string, an integer or a table")
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::Int(n))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Value, E> {
+        u64::try_from(n)
+            .map(Value::Int)
+            .map_err(|_| E::invalid_value(Unexpected::Signed(n), &self))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::Str(s.as_bytes().to_vec()))
+    }
+
+    fn visit_bytes<E: de::Error>(self, b: &[u8]) -> Result<Value, E> {
+        Ok(Value::Str(b.to_vec()))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element()? {
+            items.push((None, v));
+        }
+        Ok(Value::Table(items))
+    }
+
+    /// A table with names (a rule); one with other keys is a list with
+    /// holes or a mix, which the file's syntax cannot write either.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut fields = Vec::new();
+        while let Some(key) = map.next_key()? {
+            let Value::Str(name) = key else {
+                return Err(de::Error::custom("a table key that is not a name"));
+            };
+            fields.push((Some(name), map.next_value()?));
+        }
+        Ok(Value::Table(fields))
+    }
 }
 
 #[cfg(test)]
@@ -369,10 +463,14 @@ m]] };
     #[test]
     fn names_what_is_wrong() {
         let err = |src: &[u8]| parse(src).unwrap_err().to_string();
-        assert_eq!(err(b"return {\n{ id = 1 }}"), "rule #1: no targets");
+        assert_eq!(err(b"return {\n{ id = 1 }}"), "waf rule 1: no targets");
+        assert_eq!(
+            err(b"return {\n{ pattern = 'a' }}"),
+            "rule #1: no integer id"
+        );
         assert_eq!(
             err(b"return {{ id = 1, pattern = 'a', targets = { 'cookie' }, msg = '' }}"),
-            "rule #1: unknown target cookie"
+            "waf rule 1: unknown target cookie"
         );
         assert_eq!(
             err(b"return {\n\n{ id = 1 "),

@@ -1,5 +1,6 @@
 //! The WAF: every rule of the rule file compiled into one
-//! `regex::bytes::RegexSet` per target, and the verdict waf.lua gives.
+//! `regex::bytes::RegexSet` per target, the extra rules of the latest
+//! update into sets of their own, and the verdict waf.lua gives.
 
 use std::fmt;
 
@@ -46,9 +47,14 @@ struct TargetSet {
 /// The compiled rules. Matching takes `&self`; a pool builds one per
 /// thread all the same, as waf.lua compiles its patterns per thread.
 pub struct Waf {
+    /// The rule file's, then the extras.
     rules: Vec<Rule>,
-    /// By `Target::index`.
-    sets: Vec<TargetSet>,
+    /// How many of `rules` are the file's.
+    file_rules: usize,
+    /// The file's rules by `Target::index`; the extras are apart, so that
+    /// replacing them compiles only them.
+    file_sets: Vec<TargetSet>,
+    extra_sets: Vec<TargetSet>,
 }
 
 impl Waf {
@@ -58,34 +64,26 @@ impl Waf {
         Waf::new(rules::parse(&src).map_err(WafError::Rules)?)
     }
 
-    /// Compiles `rules`: each pattern alone first, so that a bad one is
-    /// named, then one set per target.
+    /// Compiles `rules`, the rule file's; no extras.
     pub fn new(rules: Vec<Rule>) -> Result<Waf, WafError> {
-        let mut patterns = Vec::with_capacity(rules.len());
-        for rule in &rules {
-            let p = pcre::translate(&rule.pattern)
-                .map_err(|why| WafError::Unsupported { id: rule.id, why })?;
-            regex::bytes::Regex::new(&p).map_err(|why| WafError::Compile {
-                id: Some(rule.id),
-                why,
-            })?;
-            patterns.push(p);
-        }
-        let sets = Target::ALL
-            .iter()
-            .map(|&target| {
-                let rule_of: Vec<usize> = (0..rules.len())
-                    .filter(|&i| rules[i].targets.contains(&target))
-                    .collect();
-                let set = RegexSet::new(rule_of.iter().map(|&i| &patterns[i]))
-                    .map_err(|why| WafError::Compile { id: None, why })?;
-                Ok(TargetSet { set, rule_of })
-            })
-            .collect::<Result<_, WafError>>()?;
-        Ok(Waf { rules, sets })
+        Ok(Waf {
+            file_sets: compile(&rules, 0)?,
+            extra_sets: compile(&[], rules.len())?,
+            file_rules: rules.len(),
+            rules,
+        })
     }
 
-    /// The rules, in file order.
+    /// Makes `extras` the rules after the file's, in place of the previous
+    /// extras: compiled first, so that a bad one leaves the WAF as it was.
+    pub fn set_extras(&mut self, extras: Vec<Rule>) -> Result<(), WafError> {
+        self.extra_sets = compile(&extras, self.file_rules)?;
+        self.rules.truncate(self.file_rules);
+        self.rules.extend(extras);
+        Ok(())
+    }
+
+    /// The rules: the file's in file order, then the extras.
     pub fn rules(&self) -> &[Rule] {
         &self.rules
     }
@@ -95,10 +93,15 @@ impl Waf {
     pub fn scan(&self, req: &Value<'_>) -> Result<Option<Vec<u32>>, NotATable> {
         let mut hit = vec![false; self.rules.len()];
         for target in Target::ALL {
-            let ts = &self.sets[target.index()];
+            let sets = [
+                &self.file_sets[target.index()],
+                &self.extra_sets[target.index()],
+            ];
             for_each_subject(req, target, |s| {
-                for i in ts.set.matches(s).iter() {
-                    hit[ts.rule_of[i]] = true;
+                for ts in sets {
+                    for i in ts.set.matches(s).iter() {
+                        hit[ts.rule_of[i]] = true;
+                    }
                 }
             })?;
         }
@@ -108,6 +111,33 @@ impl Waf {
             .collect();
         Ok((!ids.is_empty()).then_some(ids))
     }
+}
+
+/// Compiles `rules`, which are `Waf::rules` from `first` on: each pattern
+/// alone first, so that a bad one is named, then one set per target.
+fn compile(rules: &[Rule], first: usize) -> Result<Vec<TargetSet>, WafError> {
+    let mut patterns = Vec::with_capacity(rules.len());
+    for rule in rules {
+        let p = pcre::translate(&rule.pattern)
+            .map_err(|why| WafError::Unsupported { id: rule.id, why })?;
+        regex::bytes::Regex::new(&p).map_err(|why| WafError::Compile {
+            id: Some(rule.id),
+            why,
+        })?;
+        patterns.push(p);
+    }
+    Target::ALL
+        .iter()
+        .map(|&target| {
+            let of_target: Vec<usize> = (0..rules.len())
+                .filter(|&i| rules[i].targets.contains(&target))
+                .collect();
+            let set = RegexSet::new(of_target.iter().map(|&i| &patterns[i]))
+                .map_err(|why| WafError::Compile { id: None, why })?;
+            let rule_of = of_target.iter().map(|&i| first + i).collect();
+            Ok(TargetSet { set, rule_of })
+        })
+        .collect()
 }
 
 #[cfg(test)]
