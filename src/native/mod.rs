@@ -129,6 +129,12 @@ impl State {
         }
     }
 
+    /// Whether the library applies updates (it exports
+    /// ngx_threadpool_update).
+    pub fn takes_updates(&self) -> bool {
+        self.library.takes_updates()
+    }
+
     /// Runs the library's update on this thread's state, between two
     /// tasks: its error text when it fails (the library then kept its
     /// previous state) or when the library has no update.
