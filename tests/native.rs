@@ -10,42 +10,8 @@ mod common;
 
 use common::handlers::*;
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
-
-/// Handler libraries compiled for one test, removed with it.
-struct Libs {
-    dir: PathBuf,
-}
-
-impl Libs {
-    fn new() -> Libs {
-        Libs { dir: prefix("lib") }
-    }
-
-    /// Compiles the fixture with `flags` into `name`.so.
-    fn build(&self, name: &str, flags: &[&str]) -> PathBuf {
-        let out = self.dir.join(format!("{name}.so"));
-        let status = Command::new("cc")
-            .args(["-shared", "-fPIC", "-O1", "-Wall", "-I"])
-            .arg(repo().join("handler/include"))
-            .arg("-o")
-            .arg(&out)
-            .arg(repo().join("tests/fixtures/native_handler.c"))
-            .args(flags)
-            .status()
-            .expect("cc");
-        assert!(status.success(), "cc {flags:?} failed");
-        out
-    }
-}
-
-impl Drop for Libs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// A location /t that runs the Lua in `?code=` style snippets below.
 const LOCATIONS: &str = r##"

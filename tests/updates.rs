@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::handlers;
 use common::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -323,5 +324,82 @@ fn an_update_too_large_or_off_or_without_a_chunk_is_refused() {
         "thread pool \"off\" takes no such update: its updates are off (thread_pool_update_size off)"
     );
     assert_eq!(lines[3], "1");
+    n.assert_clean_log();
+}
+
+/// A native pool `n` (the library at `path`) in 2 workers: /tag answers
+/// `PID TAG`, /update?tag= makes an update and waits for it.
+fn native_case(path: &std::path::Path) -> Case {
+    Case::new("thread_pool n threads=2;")
+        .http(&format!(
+            r#"thread_pool_process_by_rust n {};
+            server {{
+                listen 127.0.0.1:$PORT;
+                location /work {{
+                    content_by_lua_block {{
+                        local tag = assert(require("resty.threadpool").n:push_task("tag"))
+                        ngx.say(ngx.worker.pid(), " ", tag)
+                    }}
+                }}
+                location /update {{
+                    content_by_lua_block {{
+                        local tp = require "resty.threadpool"
+                        local v, err = tp.n:update_opts(
+                            {{ wait = 10, code = ngx.var.arg_code }}, ngx.var.arg_tag)
+                        ngx.print(v or ("error: " .. err))
+                    }}
+                }}
+            }}"#,
+            path.display()
+        ))
+        .workers(2)
+}
+
+#[test]
+fn a_rust_handler_takes_updates_and_an_err_or_a_panic_leaves_its_state() {
+    let n = native_case(&handlers::rust_fixture().v1).start();
+    assert_eq!(n.get("/update?tag=v9").text(), "1");
+    for v in versions_of(&n, 2).values() {
+        assert_eq!(v, "v9");
+    }
+    for (version, (tag, error)) in (2..).zip([("error", "update refused"), ("panic", "panic: update panicked")]) {
+        let body = n.get(&format!("/update?tag={tag}")).text();
+        assert_eq!(
+            body,
+            format!("error: update {version} failed in 4 of 4 threads (0 applied it; the others keep their version): {error}")
+        );
+        for v in versions_of(&n, 2).values() {
+            assert_eq!(v, "v9");
+        }
+    }
+    let mut n = n;
+    // the panic's own lines, which Rust's hook writes to stderr
+    n.expect_errors(&[
+        r#"thread pool "n": update * failed in 2 of 2 threads*"#,
+        "*panicked at tests/fixtures/rust_handler/*",
+        "update panicked",
+    ]);
+    n.assert_clean_log();
+}
+
+#[test]
+fn a_c_library_without_the_export_or_given_code_is_refused() {
+    let libs = handlers::Libs::new();
+    let n = native_case(&libs.build("with", &[])).start();
+    assert_eq!(n.get("/update?tag=v2").text(), "1");
+    assert_eq!(
+        n.get("/update?tag=v3&code=x").text(),
+        "error: thread pool \"n\" takes no such update: a native pool's code is its library: an update cannot replace it"
+    );
+    drop(n);
+    let without = libs.build("without", &["-DNO_UPDATE"]);
+    let n = native_case(&without).start();
+    assert_eq!(
+        n.get("/update?tag=v2").text(),
+        format!(
+            "error: thread pool \"n\" takes no such update: the library \"{}\" has no ngx_threadpool_update: its pool takes no updates",
+            without.display()
+        )
+    );
     n.assert_clean_log();
 }

@@ -22,8 +22,8 @@ fn refusal(pool: &PoolConf, code: bool, n: usize) -> Option<String> {
     }
     match &pool.process {
         Some(Process::Native(_)) if code => Some(NATIVE_CODE.into()),
-        Some(Process::Native(spec)) if !spec.library.takes_updates() => {
-            Some(spec.library.no_updates())
+        Some(Process::Native(spec)) => {
+            (!spec.library.takes_updates()).then(|| spec.library.no_updates())
         }
         // new code alone needs no update chunk
         _ if pool.update.is_none() && (!code || n > 0) => Some(NO_UPDATE_CHUNK.into()),

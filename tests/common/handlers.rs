@@ -3,7 +3,7 @@
 //! its caller's timeout, and the abort scenarios under valgrind. The C fixture (tests/fixtures/native_handler.c) and the Rust
 //! one answer the ops used here alike: "spin", "sleep", "error", "big".
 
-use super::{eventually, repo, skipped_once_idle, Case, Nginx};
+use super::{eventually, prefix, repo, skipped_once_idle, Case, Nginx};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -232,4 +232,37 @@ pub fn abort_scenarios_under_valgrind(lib: &std::path::Path, results: &[(&str, &
         == "0"));
     n.quit_under_valgrind();
     n.error_log()
+}
+
+/// Handler libraries compiled for one test, removed with it.
+pub struct Libs {
+    pub dir: PathBuf,
+}
+
+impl Libs {
+    pub fn new() -> Libs {
+        Libs { dir: prefix("lib") }
+    }
+
+    /// Compiles the fixture with `flags` into `name`.so.
+    pub fn build(&self, name: &str, flags: &[&str]) -> PathBuf {
+        let out = self.dir.join(format!("{name}.so"));
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-I"])
+            .arg(repo().join("handler/include"))
+            .arg("-o")
+            .arg(&out)
+            .arg(repo().join("tests/fixtures/native_handler.c"))
+            .args(flags)
+            .status()
+            .expect("cc");
+        assert!(status.success(), "cc {flags:?} failed");
+        out
+    }
+}
+
+impl Drop for Libs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
