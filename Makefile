@@ -196,6 +196,7 @@ valgrind: build
 	cargo test --release --test rust_handler -- --ignored --nocapture rust_abort_scenarios_under_valgrind
 	cargo test --release --test stream -- --ignored --nocapture stream_endings_under_valgrind
 	cargo test --release --test wakeups -- --ignored --nocapture the_races_under_valgrind
+	cargo test --release --test updates -- --ignored --nocapture updates_under_valgrind
 
 # One nginx with 2 workers and every feature at once under a bounded
 # loopback load, a reload every 30 s, for MINUTES minutes: writes

@@ -362,7 +362,10 @@ fn a_rust_handler_takes_updates_and_an_err_or_a_panic_leaves_its_state() {
     for v in versions_of(&n, 2).values() {
         assert_eq!(v, "v9");
     }
-    for (version, (tag, error)) in (2..).zip([("error", "update refused"), ("panic", "panic: update panicked")]) {
+    for (version, (tag, error)) in (2..).zip([
+        ("error", "update refused"),
+        ("panic", "panic: update panicked"),
+    ]) {
         let body = n.get(&format!("/update?tag={tag}")).text();
         assert_eq!(
             body,
@@ -401,5 +404,55 @@ fn a_c_library_without_the_export_or_given_code_is_refused() {
             without.display()
         )
     );
+    n.assert_clean_log();
+}
+
+/// Updates of a Lua pool (arguments, new code, failures) and of a Rust
+/// pool (Err and panic among them), with tasks between them, under
+/// valgrind: no memory error, no leak (`make valgrind`).
+#[test]
+#[ignore = "needs valgrind; run with `make valgrind`"]
+fn updates_under_valgrind() {
+    let mut n = Case::new("thread_pool live threads=2; thread_pool n threads=2;")
+        .http(&format!(
+            r#"{POOL}
+            thread_pool_process_by_rust n {};
+            server {{
+                listen 127.0.0.1:$PORT;
+                location /run {{
+                    content_by_lua_block {{
+                        local tp = require "resty.threadpool"
+                        local out = {{}}
+                        local function add(a, b) out[#out + 1] = tostring(a) .. "," .. tostring(b) end
+                        for i = 1, 10 do
+                            add(tp.live:update_opts({{ wait = 60 }}, i, i % 3 == 0 and "error" or nil))
+                            add(tp.live:push_task(1))
+                            add(tp.n:update_opts({{ wait = 60 }}, ({{ "t" .. i, "error", "panic" }})[i % 3 + 1]))
+                            add(tp.n:push_task("tag"))
+                        end
+                        add(tp.live:update_opts({{ wait = 60, code = "return function() return 7, 7 end" }}, 11))
+                        add(tp.live:update_opts({{ wait = 60, code = "return function(" }}, 12))
+                        add(tp.live:push_task(1))
+                        ngx.print(table.concat(out, "\n"))
+                    }}
+                }}
+            }}"#,
+            handlers::rust_fixture().v1.display()
+        ))
+        .under_valgrind()
+        .start();
+    let body = n.get("/run").text();
+    assert!(body.ends_with("\n7,7"), "{body}\n{}", n.error_log());
+    assert_eq!(
+        body.matches("failed in 2 of 2 threads").count(),
+        11,
+        "{body}"
+    );
+    n.quit_under_valgrind();
+    n.expect_errors(&[
+        r#"thread pool "*": update * failed in 2 of 2 threads*"#,
+        "*panicked at tests/fixtures/rust_handler/*",
+        "update panicked",
+    ]);
     n.assert_clean_log();
 }
