@@ -529,6 +529,7 @@ fn native(cf: Conf, main: &mut MainConf) -> Result<(), ConfError> {
         }
         Some(Process::Lua(..)) => return Err(pool.mixed_with(&pool.process_by)),
         None if pool.init.is_some() => return Err(pool.mixed_with(&pool.init_by)),
+        None if pool.update.is_some() => return Err(pool.mixed_with("thread_pool_update_by_lua")),
         None => {}
     }
     let library = Library::load(&cf.full_path(args[2])).map_err(ConfError::Library)?;
