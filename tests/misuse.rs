@@ -140,7 +140,7 @@ fn misuse_raises_an_error_naming_the_function_and_the_argument() {
 fn random_calls_leave_the_worker_alive_serving_and_flat() {
     let first = env_u64("MISUSE_SEED", 1);
     let calls = env_u64("MISUSE_CALLS", 6000);
-    let n = start();
+    let mut n = start();
     let pids = n.workers();
     assert_eq!(pids.len(), 1);
     let run = |seed: u64, count: u64| {
@@ -189,5 +189,7 @@ fn random_calls_leave_the_worker_alive_serving_and_flat() {
     assert!(text.contains("bad argument #"), "{text}");
     let first_chunk = text.lines().next().unwrap_or_default();
     eprintln!("misuse: {calls} calls from seed {first}; RSS {before} -> {after} KiB; seed {first}: {first_chunk}");
+    // random strings given as a pool's new code fail to build
+    n.expect_errors(&[r#"thread pool "*": update * from worker * failed in *"#]);
     n.assert_clean_log();
 }

@@ -288,6 +288,7 @@ fn an_update_too_large_or_off_or_without_a_chunk_is_refused() {
     )
     .http(&format!(
         r#"{POOL}
+            lua_shared_dict raised 64k;
             thread_pool_update_size live 1k;
             thread_pool_process_by_lua_block plain {{ return function() end }}
             thread_pool_process_by_lua_block off {{ return function() end }}
@@ -301,8 +302,38 @@ fn an_update_too_large_or_off_or_without_a_chunk_is_refused() {
                         local _, e2 = tp.plain:update(1)
                         local _, e3 = tp.off:update(1)
                         local ok = tp.plain:update_opts({{ code = "return function() end" }})
-                        ngx.print(e1, "\n", e2, "\n", e3, "\n", ok)
+                        -- misuse raises, before any update is made
+                        local raised = {{}}
+                        for _, call in ipairs({{
+                            function() return tp.plain.update() end,
+                            function() return tp.plain:update_opts("x") end,
+                            function() return tp.plain:update_opts({{ code = 5 }}) end,
+                            function() return tp.plain:update_opts({{ wait = -1 }}) end,
+                        }}) do
+                            local _, e = pcall(call)
+                            raised[#raised + 1] = e
+                        end
+                        -- where the caller could not wait: refused, nothing made
+                        local _, e4
+                        table.sort({{ 1, 2 }}, function(a, b)
+                            _, e4 = tp.plain:update_opts({{ wait = 1, code = "return function() end" }})
+                            return a < b
+                        end)
+                        local v = tp.plain:update_opts({{ code = "return function() end" }})
+                        ngx.print(e1, "\n", e2, "\n", e3, "\n", ok, "\n",
+                                  table.concat(raised, "\n"), "\n", e4, "\n", v)
                     }}
+                }}
+                location /header {{
+                    header_filter_by_lua_block {{
+                        local tp = require "resty.threadpool"
+                        local _, e = pcall(tp.plain.update_opts, tp.plain, {{ wait = 1 }})
+                        ngx.shared.raised:set("e", e)
+                    }}
+                    content_by_lua_block {{ ngx.print("ok") }}
+                }}
+                location /raised {{
+                    content_by_lua_block {{ ngx.print(ngx.shared.raised:get("e")) }}
                 }}
             }}
             "#
@@ -324,6 +355,25 @@ fn an_update_too_large_or_off_or_without_a_chunk_is_refused() {
         "thread pool \"off\" takes no such update: its updates are off (thread_pool_update_size off)"
     );
     assert_eq!(lines[3], "1");
+    assert_eq!(
+        &lines[4..],
+        [
+            "bad self: call it as pool:update(...)",
+            "bad opts: expected a table",
+            "bad opts.code: expected a string",
+            "bad opts.wait: expected a number of seconds > 0",
+            "cannot wait here: called from a function that a C function called (a table.sort comparator, a string.gsub callback, a finalizer)",
+            "2",
+        ]
+    );
+    assert_eq!(n.get("/header").text(), "ok");
+    assert!(
+        n.get("/raised")
+            .text()
+            .starts_with("update_opts with wait: API disabled in the context of header_filter"),
+        "{}",
+        n.get("/raised").text()
+    );
     n.assert_clean_log();
 }
 

@@ -398,7 +398,7 @@ end
 -- does not wait for them (see update_opts).
 function Pool.update(self, ...)
     check_self(self, "update")
-    return c_update(self.id, nil, ...)
+    return c_update(self.id, nil, false, ...)
 end
 
 -- update with options: `code`, a new handler chunk (Lua pools), built in
@@ -418,7 +418,10 @@ function Pool.update_opts(self, opts, ...)
                         or wait <= 0) then
         error("bad opts.wait: expected a number of seconds > 0", 2)
     end
-    local version, err = c_update(self.id, code, ...)
+    local version, err = c_update(self.id, code, wait ~= nil, ...)
+    if version == FFI_BAD_CONTEXT then
+        bad_context("update_opts with wait")
+    end
     if not version or not wait then
         return version, err
     end

@@ -3,9 +3,11 @@
 //! `update_state`, which counts the threads of every worker it reached
 //! (the shim's wait polls it).
 
-use super::functions::{bad_argument, int_arg, nil_and, pool_arg};
+use super::functions::{bad_argument, int_arg, nil_and, pool_arg, BAD_CONTEXT};
 use crate::codec::{self, Source};
 use crate::conf::{self, PoolConf, Process};
+use crate::ngx::lua::{may_suspend, request_of, NOT_YIELDABLE};
+use crate::ngx::shim::Request;
 use crate::ngx::{guard, http, log};
 use crate::stats::Reached;
 use crate::thread::handler::NATIVE_CODE;
@@ -31,10 +33,12 @@ fn refusal(pool: &PoolConf, code: bool, n: usize) -> Option<String> {
     }
 }
 
-/// `update(pool, code, ...)`: makes the pool's next update, with the
-/// values after `code` as its arguments and, if `code` is a string, that
-/// handler chunk. Its version, or nil and why not (the refusal of a pool
-/// that cannot take it, an update too large for the pool's zone).
+/// `update(pool, code, wait, ...)`: makes the pool's next update, with
+/// the values after `wait` as its arguments and, if `code` is a string,
+/// that handler chunk. Its version, or nil and why not (the refusal of a
+/// pool that cannot take it, an update too large for the pool's zone);
+/// with `wait`, BAD_CONTEXT where the caller could not wait for it, before
+/// anything is made.
 ///
 /// # Safety
 /// Called by Lua, on the event loop.
@@ -52,7 +56,17 @@ pub(super) unsafe extern "C-unwind" fn update(l: *mut lua_State) -> c_int {
             }
             _ => bad_argument(l, 2, c"update", c"code: a string or nil expected"),
         };
-        let n = (lua::lua_gettop(l) - 2).max(0) as usize;
+        if lua::lua_toboolean(l, 3) != 0 {
+            let waits = Request::from_raw(request_of(l)).filter(Request::may_yield);
+            if waits.is_none() {
+                lua::lua_pushinteger(l, BAD_CONTEXT as lua::lua_Integer);
+                return 1;
+            }
+            if !may_suspend(l) {
+                return nil_and(l, NOT_YIELDABLE);
+            }
+        }
+        let n = (lua::lua_gettop(l) - 3).max(0) as usize;
         let Some(p) = conf::running_pools().get(pool) else {
             return nil_and(l, "no such thread pool");
         };
@@ -65,7 +79,7 @@ pub(super) unsafe extern "C-unwind" fn update(l: *mut lua_State) -> c_int {
         let (mut args, mut spans) = (Vec::new(), Vec::new());
         if let Err(e) = codec::write_values(
             l,
-            Source::Stack(3),
+            Source::Stack(4),
             n,
             "argument",
             None,
