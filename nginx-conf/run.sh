@@ -38,6 +38,9 @@ ngx_threadpool demo on $url/ (Ctrl-C stops it)
   curl "$url/waf/?q=1'%20OR%20'1'='1"  403 from the WAF in a pool thread
   curl "$url/waf-inline/?q=hello"    the WAF on the event loop
   curl "$url/waf-rust/?q=<script>"   the same rules in Rust (and /metrics: the shadow's counts)
+  curl $url/admin/waf/rules -d id=90001 -d pattern=evil -d targets=args
+       a WAF rule added live to both WAFs: /waf/?q=evil and /waf-rust/?q=evil are blocked
+       (curl -X DELETE $url/admin/waf/rules: removed; docs/demo.md)
   $url/thumbs.html            thumbnails by ImageMagick in a pool thread and inline
   curl -so /dev/null -w '%{time_starttransfer} %{time_total}\\n' '$url/gzip?mb=64'
        64 MiB gzipped in a pool thread, streamed as it is made (/gzip-whole: returned whole)

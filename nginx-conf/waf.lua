@@ -15,8 +15,12 @@
 --   }
 --   -- blocked: the ids of the rules that matched, in rule order, or nil
 --
--- Needs lua_regex_cache_max_entries above the number of rules, or the
--- patterns are compiled again on every call.
+-- After the file's rules it scans the extra rules of waf_live.lua, which a
+-- pool update sets (thread_pool_update_by_lua_block, see there); on the
+-- event loop there are none.
+--
+-- Needs lua_regex_cache_max_entries above the number of rules, extras
+-- included, or the patterns are compiled again on every call.
 
 local ngx_re = ngx.re
 local log = ngx.log
@@ -24,33 +28,20 @@ local WARN = ngx.WARN
 local ipairs = ipairs
 local pairs = pairs
 local type = type
+local assert = assert
 local error = error
-local tostring = tostring
 
 if not (ngx_re and ngx_re.find) then
     error("waf.lua needs ngx.re, which this Lua state does not have")
 end
 
 local re_find = ngx_re.find
-local rules = require "waf_rules"
+local live = require "waf_live"
+local extras = live.rules
 
-local TARGETS = { uri = true, args = true, headers = true, body = true,
-                  user_agent = true }
-
--- Compile each pattern now: a bad rule stops the thread (or the require)
--- with its id, and "o" keeps the compiled regex for the requests.
-for _, rule in ipairs(rules) do
-    local _, _, err = re_find("", rule.pattern, "jo")
-    if err then
-        error("waf rule " .. tostring(rule.id) .. ": " .. err)
-    end
-    for _, target in ipairs(rule.targets) do
-        if not TARGETS[target] then
-            error("waf rule " .. tostring(rule.id) .. ": unknown target "
-                  .. tostring(target))
-        end
-    end
-end
+-- Check and compile each rule now: a bad one stops the thread (or the
+-- require) with its id, and "o" keeps the compiled regex for the requests.
+local rules = assert(live.check(require "waf_rules"))
 
 local function add(list, v)
     if type(v) == "string" and v ~= "" then
@@ -107,18 +98,22 @@ local function matches(rule, subj)
     return false
 end
 
-return function(req)
-    if type(req) ~= "table" then
-        error("bad argument #1 to waf (table expected, got " .. type(req)
-              .. ")", 2)
-    end
-    local subj = subjects(req)
-    local blocked
-    for _, rule in ipairs(rules) do
+-- `blocked` with the ids of the rules of `list` that match `subj` added.
+local function scan(list, subj, blocked)
+    for _, rule in ipairs(list) do
         if matches(rule, subj) then
             blocked = blocked or {}
             blocked[#blocked + 1] = rule.id
         end
     end
     return blocked
+end
+
+return function(req)
+    if type(req) ~= "table" then
+        error("bad argument #1 to waf (table expected, got " .. type(req)
+              .. ")", 2)
+    end
+    local subj = subjects(req)
+    return scan(extras(), subj, scan(rules, subj, nil))
 end

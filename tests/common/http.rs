@@ -8,12 +8,23 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct Response {
     pub status: u16,
+    /// The header lines' names (lowercase) and values, in order.
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
 impl Response {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The first header `name` (any case), if any.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -61,14 +72,24 @@ fn parse_response(raw: &[u8]) -> Response {
         + 4;
     let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = head
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
     let mut body = raw[head_end..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
+    if headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
     {
         body = dechunk(&body);
     }
-    Response { status, body }
+    Response {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn dechunk(mut data: &[u8]) -> Vec<u8> {
