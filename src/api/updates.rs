@@ -27,8 +27,6 @@ fn refusal(pool: &PoolConf, code: bool, n: usize) -> Option<String> {
         Some(Process::Native(spec)) => {
             (!spec.library.takes_updates()).then(|| spec.library.no_updates())
         }
-        // a library's own update applies the arguments: no update chunk
-        Some(Process::Native(_)) => None,
         // new code alone needs no update chunk
         _ if pool.update.is_none() && (!code || n > 0) => Some(NO_UPDATE_CHUNK.into()),
         _ => None,
