@@ -414,15 +414,16 @@ fn each_worker_has_its_own_pool() {
         "both workers answer with their pool"
     );
     for pid in workers {
-        // the event loop, the pool's threads and the slow-task watchdog; a
-        // thread takes its name once it runs, which on a busy machine may
-        // be after the worker answered with another thread
+        // the event loop, the pool's threads, the slow-task watchdog and
+        // the update thread; a thread takes its name once it runs, which
+        // on a busy machine may be after the worker answered with another
+        // thread
         common::eventually(Duration::from_secs(10), || {
             let names = thread_names(pid);
-            names.len() == 5 && names.iter().filter(|n| *n == "tp wpool").count() == 3
+            names.len() == 6 && names.iter().filter(|n| *n == "tp wpool").count() == 3
         });
         let names = thread_names(pid);
-        assert_eq!(names.len(), 5, "worker {pid}: {names:?}");
+        assert_eq!(names.len(), 6, "worker {pid}: {names:?}");
         assert_eq!(
             names.iter().filter(|n| *n == "tp wpool").count(),
             3,
@@ -464,8 +465,8 @@ fn pool_without_handler_stays_nginx_own() {
     let names = thread_names(worker(&n));
     assert_eq!(
         names.len(),
-        5,
-        "event loop + 2 io_pool + 1 lua_pool + the watchdog: {names:?}"
+        6,
+        "event loop + 2 io_pool + 1 lua_pool + the watchdog + the update thread: {names:?}"
     );
     assert_eq!(
         names.iter().filter(|n| *n == "tp lua_pool").count(),

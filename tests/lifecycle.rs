@@ -103,8 +103,9 @@ fn named_threads(pid: u32, name: &str) -> usize {
 /// Waits until every worker in `pids` has its full set of threads: nginx
 /// starts them in init_process, after the worker is visible.
 fn assert_threads(pids: &BTreeSet<u32>, slow_threads: usize) {
-    // the event loop, the pools' threads and the slow-task watchdog
-    let want = 1 + slow_threads + IO_THREADS + 1;
+    // the event loop, the pools' threads, the slow-task watchdog and the
+    // update thread
+    let want = 1 + slow_threads + IO_THREADS + 1 + 1;
     for &pid in pids {
         let ok = eventually(Duration::from_secs(10), || {
             thread_count(pid) == want && named_threads(pid, "tp slow_pool") == slow_threads

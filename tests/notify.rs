@@ -182,8 +182,8 @@ fn three_thread_pools_share_notify_without_losing_wakeups() {
     let worker = n.workers();
     assert_eq!(worker.len(), 1);
     // Two threads each for io_pool and rwt_pool (nginx's), two of ours,
-    // and our slow-task watchdog.
-    let want = 1 + 2 + 2 + 2 + 1;
+    // our slow-task watchdog and our update thread.
+    let want = 1 + 2 + 2 + 2 + 1 + 1;
     assert!(
         eventually(Duration::from_secs(5), || thread_count(worker[0]) == want),
         "worker has {} threads, expected {want}",

@@ -23,7 +23,7 @@ mod error;
 pub mod settings;
 
 use crate::handoff::job::PoolId;
-use crate::handoff::update::UpdateZone;
+use crate::handoff::update::{UpdateZone, Wake};
 use crate::native::{self, Library};
 use crate::ngx::conf::{Conf, NGX_CONF_ERROR, NGX_CONF_OK};
 use crate::ngx::http_locations::AioUser;
@@ -185,10 +185,16 @@ impl MainConf {
     /// `cf` must be the http configuration being parsed, in
     /// postconfiguration.
     pub unsafe fn add_zones(&mut self, cf: *mut sys::ngx_conf_t) -> bool {
+        let mut wake = None;
         for p in &mut self.pools {
             if let Some(size) = p.settings.update_size {
                 // SAFETY: the caller's contract.
-                p.updates = unsafe { UpdateZone::add(cf, &p.name, size) };
+                let Some(w) = wake.or_else(|| unsafe { Wake::add(cf) }) else {
+                    return false;
+                };
+                wake = Some(w);
+                // SAFETY: the caller's contract.
+                p.updates = unsafe { UpdateZone::add(cf, &p.name, size, w) };
                 if p.updates.is_none() {
                     return false;
                 }

@@ -1,9 +1,9 @@
 //! A pool's latest update (docs/updates.md), in a shared memory zone of
 //! the pool's own that reloads keep: its version, its arguments (encoded
 //! as a task's), the handler code it set if any, and when and where it
-//! was made. The event loops of every worker write it; each worker's
-//! update thread (thread/updates.rs) reads it and hands it to the pool's
-//! threads.
+//! was made. The event loops of every worker write it, then wake every
+//! worker's update thread (thread/updates.rs) through one word of a zone
+//! of its own, which reads it and hands it to the pool's threads.
 //!
 //! Writers take the zone's lock, a pid: a worker killed holding it is
 //! seen dead and its lock taken over. Readers never lock: a sequence
@@ -33,10 +33,38 @@ struct Header {
     called_at_us: AtomicU64,
     /// The worker that made it.
     source: AtomicU64,
-    /// Changed at each update, after the rest: what update threads wait
-    /// on (a futex is 32 bits).
-    wake: AtomicU32,
-    _pad: u32,
+}
+
+/// The word every worker's update thread waits on (a futex is 32 bits),
+/// changed after each update of any pool; in a zone of its own, which
+/// reloads keep, so that the workers of two configurations share it.
+#[derive(Clone, Copy)]
+pub struct Wake(Zone);
+
+impl Wake {
+    /// Adds the zone.
+    ///
+    /// # Safety
+    /// `cf` must be the configuration being parsed (postconfiguration).
+    pub unsafe fn add(cf: *mut sys::ngx_conf_t) -> Option<Wake> {
+        // SAFETY: cf is the configuration being parsed (the contract).
+        unsafe { Zone::add_kept(cf, "ngx_threadpool_updates", size_of::<u64>()) }.map(Wake)
+    }
+
+    /// The word, once nginx has made the zone.
+    pub fn word(&self) -> Option<&'static AtomicU32> {
+        // SAFETY: the zone was added with room for 8 bytes; an AtomicU32,
+        // valid when zero, at its start.
+        unsafe { self.0.as_slice::<AtomicU32>(0, 1)?.first() }
+    }
+
+    /// Changes the word and wakes every thread waiting on it.
+    pub fn wake(&self) {
+        if let Some(word) = self.word() {
+            word.fetch_add(1, Ordering::Release);
+            os::futex_wake(word);
+        }
+    }
 }
 
 /// An update as a pool thread applies it.
@@ -83,22 +111,30 @@ pub struct UpdateZone {
     zone: Zone,
     /// The bytes of code and arguments it holds.
     room: usize,
+    /// Where its updates wake the update threads.
+    pub wake: Wake,
 }
 
 const WORD: usize = size_of::<u64>();
 
 impl UpdateZone {
     /// Adds pool `pool`'s zone, with room for `room` bytes of code and
-    /// arguments, kept across reloads while its size stays.
+    /// arguments, kept across reloads while its size stays; its updates
+    /// `wake` the update threads.
     ///
     /// # Safety
     /// `cf` must be the configuration being parsed (postconfiguration).
-    pub unsafe fn add(cf: *mut sys::ngx_conf_t, pool: &str, room: usize) -> Option<UpdateZone> {
+    pub unsafe fn add(
+        cf: *mut sys::ngx_conf_t,
+        pool: &str,
+        room: usize,
+        wake: Wake,
+    ) -> Option<UpdateZone> {
         let room = room.next_multiple_of(WORD);
         let name = format!("ngx_threadpool_update:{pool}");
         // SAFETY: cf is the configuration being parsed (the contract).
         let zone = unsafe { Zone::add_kept(cf, &name, size_of::<Header>() + room) }?;
-        Some(UpdateZone { zone, room })
+        Some(UpdateZone { zone, room, wake })
     }
 
     /// The header and the data words, once nginx has made the zone.
@@ -119,11 +155,6 @@ impl UpdateZone {
     pub fn version(&self) -> u64 {
         self.parts()
             .map_or(0, |(h, _)| h.version.load(Ordering::Acquire))
-    }
-
-    /// The word update threads wait on.
-    pub fn wake_word(&self) -> Option<&'static AtomicU32> {
-        self.parts().map(|(h, _)| &h.wake)
     }
 
     /// Makes the next update, from worker `source`: `args` (encoded) and,
@@ -169,8 +200,7 @@ impl UpdateZone {
         h.source.store(source as u64, Ordering::Relaxed);
         h.version.store(version, Ordering::Relaxed);
         h.seq.store(seq + 1, Ordering::Release);
-        h.wake.fetch_add(1, Ordering::Release);
-        os::futex_wake(&h.wake);
+        self.wake.wake();
         Ok(version)
     }
 

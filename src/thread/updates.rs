@@ -1,11 +1,11 @@
-//! A worker's side of a pool's updates (docs/updates.md): the update
-//! thread, which waits on the pool's update zone (handoff/update.rs) and
-//! hands each new update to the pool's threads, and what a pool thread
-//! keeps of them. A pool thread applies the latest update between two
+//! A worker's side of its pools' updates (docs/updates.md): the update
+//! thread, one per worker, which waits for updates (handoff/update.rs)
+//! and hands each pool's new update to the pool's threads, and what a
+//! pool thread keeps of them. A pool thread applies the latest update between two
 //! tasks (thread/run.rs), so that every task runs on one version; the
 //! last of the worker's threads to apply it logs its outcome.
 
-use crate::handoff::update::{Update, UpdateZone};
+use crate::handoff::update::{Update, UpdateZone, Wake};
 use crate::ngx::log::{self, Log};
 use crate::ngx::os;
 use crate::stats::{PoolStats, ThreadVersion, UpdateError};
@@ -205,33 +205,36 @@ fn outcome(current: &Current, pool: &str, stats: &PoolStats, log: Option<Log>) {
     }
 }
 
-/// A pool's update thread in this worker: stopped by `stop`.
+/// What the update thread watches of one pool: its zone, and where the
+/// pool's threads find what it read there.
+pub struct Watched {
+    pub zone: UpdateZone,
+    pub latest: Arc<Latest>,
+    pub stats: &'static PoolStats,
+}
+
+/// The worker's update thread: stopped by `stop`.
 pub struct Watcher {
     stopping: Arc<AtomicBool>,
-    zone: UpdateZone,
+    wake: Wake,
     handle: JoinHandle<()>,
 }
 
-/// How long an update thread waits before it reads the zone anyway (a
+/// How long the update thread waits before it reads the zones anyway (a
 /// wake-up lost to a writer killed between its write and its wake).
 const RECHECK: Duration = Duration::from_secs(1);
 
 impl Watcher {
-    /// Starts pool `pool`'s update thread, which hands the updates of
-    /// `zone` to `latest`.
-    pub fn start(
-        pool: &str,
-        zone: UpdateZone,
-        latest: Arc<Latest>,
-        stats: &'static PoolStats,
-    ) -> std::io::Result<Watcher> {
+    /// Starts the worker's update thread, which waits on `wake` and hands
+    /// each pool's updates to its threads.
+    pub fn start(wake: Wake, pools: Vec<Watched>) -> std::io::Result<Watcher> {
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
         let handle = std::thread::Builder::new()
-            .name(format!("tp update {pool}"))
+            .name("tp updates".into())
             .spawn(move || {
                 os::block_async_signals();
-                let Some(word) = zone.wake_word() else {
+                let Some(word) = wake.word() else {
                     return;
                 };
                 loop {
@@ -239,13 +242,15 @@ impl Watcher {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    latest.refresh(&zone, stats);
+                    for p in &pools {
+                        p.latest.refresh(&p.zone, p.stats);
+                    }
                     os::futex_wait(word, seen, RECHECK);
                 }
             })?;
         Ok(Watcher {
             stopping,
-            zone,
+            wake,
             handle,
         })
     }
@@ -253,13 +258,10 @@ impl Watcher {
     /// Stops the thread and waits for it.
     pub fn stop(self) {
         self.stopping.store(true, Ordering::Release);
-        if let Some(word) = self.zone.wake_word() {
-            // changed, so that a thread about to wait does not; this wakes
-            // the other workers' update threads too, which find nothing
-            // new and wait again
-            word.fetch_add(1, Ordering::Release);
-            os::futex_wake(word);
-        }
+        // changed, so that a thread about to wait does not; this wakes the
+        // other workers' update threads too, which find nothing new and
+        // wait again
+        self.wake.wake();
         let _ = self.handle.join();
     }
 }

@@ -25,7 +25,7 @@ use crate::stats::{ThreadVersion, UpdateError};
 use crate::thread::handler::Spec;
 use crate::thread::run::{self as threads, PoolThread, THREAD_STACK_SIZE};
 use crate::thread::shadow::{self, Shadow};
-use crate::thread::updates::{Latest, ThreadUpdates, Watcher};
+use crate::thread::updates::{Latest, ThreadUpdates, Watched, Watcher};
 use crate::thread::watchdog;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::cell::RefCell;
@@ -49,9 +49,9 @@ struct Pool {
     stats: &'static PoolStats,
     /// `stats.taken` as last read (see PoolStats::reserve).
     taken: u64,
-    /// Where its updates are kept, and the thread that reads them.
+    /// Where its updates are kept, and where its threads find them.
     updates: Option<UpdateZone>,
-    watcher: Option<Watcher>,
+    latest: Arc<Latest>,
 }
 
 /// The worker's state; lives on the event-loop thread only.
@@ -71,6 +71,8 @@ pub struct Worker {
     /// Set at exit: threads drop queued jobs instead of running them.
     stopping: Arc<AtomicBool>,
     watchdog: Option<Watchdog>,
+    /// The update thread, if a pool takes updates.
+    watcher: Option<Watcher>,
 }
 
 /// The watchdog of slow tasks: closing the sender stops it.
@@ -138,6 +140,7 @@ impl Worker {
             pools.push(pool);
         }
         let watchdog = start_watchdog(watched, epoch, log)?;
+        let watcher = start_watcher(&pools)?;
         let mut tasks = Tasks::default();
         tasks.stats = pools.iter().map(|p| p.stats).collect();
         tasks.large_results = vec![false; pools.len()];
@@ -152,6 +155,7 @@ impl Worker {
             threads,
             stopping,
             watchdog,
+            watcher,
         };
         WORKER.with(|w| *w.borrow_mut() = Some(worker));
         Ok(())
@@ -331,11 +335,11 @@ pub fn stop(grace: Duration) {
         drop(stop);
         let _ = handle.join();
     }
+    if let Some(w) = worker.watcher.take() {
+        w.stop();
+    }
     for p in &mut worker.pools {
         p.jobs = None;
-        if let Some(w) = p.watcher.take() {
-            w.stop();
-        }
     }
     let deadline = Instant::now() + grace;
     for p in &mut worker.pools {
@@ -481,13 +485,6 @@ fn spawn_pool(
             spec.name, spec.settings.scheduling
         ),
     );
-    let watcher = updates
-        .map(|zone| Watcher::start(&spec.name, zone, latest, stats))
-        .transpose()
-        .map_err(|err| WorkerError::ThreadSpawn {
-            pool: spec.name.clone(),
-            err,
-        })?;
     Ok(Pool {
         name: spec.name,
         max_queue,
@@ -496,7 +493,7 @@ fn spawn_pool(
         stats,
         taken: 0,
         updates,
-        watcher,
+        latest,
     })
 }
 
@@ -520,6 +517,29 @@ fn pool_updates(
         on.then(|| ThreadUpdates::new(each.clone(), wake, slot))
     });
     (latest, thread_updates)
+}
+
+/// The update thread, if a pool takes updates.
+fn start_watcher(pools: &[Pool]) -> Result<Option<Watcher>, WorkerError> {
+    let watched: Vec<Watched> = pools
+        .iter()
+        .filter_map(|p| {
+            Some(Watched {
+                zone: p.updates?,
+                latest: p.latest.clone(),
+                stats: p.stats,
+            })
+        })
+        .collect();
+    let Some(wake) = watched.first().map(|w| w.zone.wake) else {
+        return Ok(None);
+    };
+    Watcher::start(wake, watched)
+        .map(Some)
+        .map_err(|err| WorkerError::ThreadSpawn {
+            pool: "(updates)".into(),
+            err,
+        })
 }
 
 /// The watchdog of slow tasks, if any thread is watched.
