@@ -118,6 +118,10 @@ POOL_HANDLERS = {
     "mech": "thread_pool_process_by_lua mech \"return require('bench_mech').task\";",
     "stream_lua": "thread_pool_process_by_lua stream_lua "
                   "\"return require('bench_stream').task\";",
+    # the updates section's: a task, and the update chunk that replaces its
+    # state (bench/lua/bench_updates.lua)
+    "upd": "thread_pool_process_by_lua upd \"return require('bench_updates').task\";\n"
+           "thread_pool_update_by_lua upd \"require('bench_updates').apply(...)\";",
     rust_pool.POOL: rust_pool.DIRECTIVE,
 }
 # The pools of POOL_HANDLERS whose handler is a library: the library, and
@@ -133,13 +137,17 @@ class Nginx:
     stopped (QUIT, then TERM, then KILL) on exit from the with block. Its
     configuration, bench/lua, lua/ and nginx-conf/ come from the source
     tree `tree`, the module from `module` (this checkout's by default);
-    `pools` adds pools of POOL_HANDLERS."""
+    `pools` adds pools of POOL_HANDLERS. `workers` worker processes (the
+    updates section's 2; `worker` is the one that answered first), and
+    `listen`, options of the listen directive (" reuseport")."""
 
     last = None  # the last nginx started: its versions and logs for the report
 
     def __init__(self, name, tp_threads=2, rwt_threads=2, scheduling=None,
-                 copying_pool=False, pools=(), tree=REPO, module=procs.MODULE):
+                 copying_pool=False, pools=(), tree=REPO, module=procs.MODULE,
+                 workers=1, listen=""):
         self.name = name
+        self.nworkers = workers
         self.prefix = OUT / name
         self.port = free_port()
         for sub in ("conf", "logs"):
@@ -166,7 +174,8 @@ class Nginx:
             handler += "\n" + POOL_HANDLERS[pool].format(repo=tree)
         conf = (tree / "bench/nginx.conf.tmpl").read_text()
         fields = dict(procs.module_fields(module), REPO=str(tree), PORT=str(self.port),
-                      POOLS="\n".join(pools), TP_HANDLER=handler)
+                      POOLS="\n".join(pools), TP_HANDLER=handler,
+                      WORKERS=str(workers), LISTEN=listen)
         for key, value in fields.items():
             conf = conf.replace(f"@{key}@", value)
         (self.prefix / "conf/nginx.conf").write_text(conf)
@@ -184,6 +193,8 @@ class Nginx:
                                    + self.problems_text())
             try:
                 info = self.get_json("/info", timeout=2)
+                if len(self.workers()) < self.nworkers:
+                    raise ValueError("workers still starting")
                 self.info = info
                 self.worker = info["worker_pid"]
                 return self
@@ -223,6 +234,10 @@ class Nginx:
 
     def problems_text(self):
         return "\n".join(self.problems()[-20:]) or "(no log lines)"
+
+    def workers(self):
+        """The pids of its worker processes."""
+        return children(self.proc.pid)
 
     def alive(self):
         """Whether the worker that started is still the one running (a

@@ -6,6 +6,8 @@ from figures import (LABEL, PAYLOAD_LABEL, WAF_LABEL, cell_stats, overhead, waf_
                      wrk_agg)
 from report_stream import PLOT as STREAM_PLOT
 from report_stream import plot_stream
+from report_updates import PLOT as UPDATES_PLOT
+from report_updates import plot_updates
 
 COLORS = {"inline": "tab:gray", "rwt": "tab:blue", "tp": "tab:orange",
           "tpc": "tab:red", "tpb": "tab:green", rust_pool.VARIANT: "tab:purple"}
@@ -14,7 +16,34 @@ PLOTTED = VARIANTS + (rust_pool.VARIANT,)
 WAF_COLORS = {"none": "tab:gray", "inline": "tab:blue", "tp": "tab:orange", "rust": "tab:red"}
 
 PLOTS = ("handoff_latency.png", "handoff_throughput.png", "handoff_cost.png",
-         "hol_latency.png", "sort_throughput.png", "waf_cpu.png", STREAM_PLOT)
+         "hol_latency.png", "sort_throughput.png", "waf_cpu.png", STREAM_PLOT,
+         UPDATES_PLOT)
+
+
+# The plots of sections that a run of them alone can put into the report
+# there is (report.splice).
+SECTION_PLOTS = {"updates": (UPDATES_PLOT, plot_updates)}
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def section_plots(res, out_dir, sections):
+    """Only the plots of `sections` (of SECTION_PLOTS): their names."""
+    plt = pyplot()
+    note = f" ({res['mode']} run, {res['machine']['nproc']} CPUs)"
+    done = []
+    for s in sections:
+        name, plot = SECTION_PLOTS[s]
+        (out_dir / name).unlink(missing_ok=True)
+        plot(res, out_dir, plt, note)
+        if (out_dir / name).exists():
+            done.append(name)
+    return done
 
 
 def handoff_axis(ax, p):
@@ -28,9 +57,7 @@ def handoff_axis(ax, p):
 
 
 def plots(res, out_dir):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     # Only once matplotlib is there: a Python without it stops above and
     # leaves the committed plots alone. A section that did not run leaves
@@ -155,3 +182,4 @@ def plots(res, out_dir):
             plt.close(fig)
 
     plot_stream(res, out_dir, plt, note)
+    plot_updates(res, out_dir, plt, note)

@@ -2,8 +2,10 @@
 """Writes bench/REPORT.md and the PNG plots from the results of run.py.
 
   /usr/bin/python3 bench/report.py [bench/out/results.json]
+  /usr/bin/python3 bench/report.py --splice bench/out/results-updates.json
 
-re-renders without running anything.
+re-renders without running anything; --splice puts the sections of a run
+of them alone (run.py --sections ... --splice) into the REPORT.md there is.
 """
 
 import json
@@ -15,9 +17,11 @@ sys.dont_write_bytecode = True  # no __pycache__ beside the sources
 from cells import THROUGHPUT_C, VARIANTS, WAF_VARIANTS  # noqa: E402
 from figures import (LABEL, WAF_LABEL, f_num, f_ratio, mark, median,  # noqa: E402
                      ratio, table, waf_stats, wrk_agg)
-from plots import PLOTS, plots  # noqa: E402
+from plots import PLOTS, plots, section_plots  # noqa: E402
 from report_handoff import md_handoff  # noqa: E402
 from report_stream import md_stream  # noqa: E402
+from report_updates import TARGET_PREFIX as UPDATES_TARGETS  # noqa: E402
+from report_updates import md_updates  # noqa: E402
 
 
 # ---- sections ------------------------------------------------------------
@@ -425,6 +429,7 @@ def render(res, out_dir):
         "waf": md_waf(res, targets),
         "mechanisms": md_mechanisms(res, targets),
         "stream": md_stream(res, targets),
+        "updates": md_updates(res, targets),
     }
     plots(res, out_dir)
     images = [p for p in PLOTS if (out_dir / p).exists()]
@@ -447,6 +452,7 @@ def render(res, out_dir):
         "## WAF: Lua + PCRE against Rust's regex\n", body["waf"],
         "## Mechanisms: the event loop's poll, cancellation\n", body["mechanisms"],
         "## Streams: a large output streamed or whole\n", body["stream"],
+        SPLICED["updates"][0], body["updates"],
         "## Errors, crashes and log lines\n", md_problems(res),
         *md_other_release(out_dir),
         "## Plots\n",
@@ -458,6 +464,72 @@ def render(res, out_dir):
     if analysis.exists():
         doc.append(analysis.read_text())
     (out_dir / "REPORT.md").write_text("\n".join(doc))
+
+
+# The sections a run of them alone can put into the report there is
+# (splice): their heading, what renders them, and how their targets begin.
+SPLICED = {"updates": ("## Live updates: how soon, at what cost, memory\n", md_updates,
+                       UPDATES_TARGETS)}
+ERRORS_HEADING = "## Errors, crashes and log lines\n"
+
+
+def section_span(doc, heading, before):
+    """Where the section `heading` of doc starts and ends; where `before`
+    starts (both) when doc has no such section."""
+    start = doc.find(heading)
+    if start < 0:
+        start = doc.index(before)
+        return start, start
+    return start, doc.index("\n## ", start) + 1
+
+
+def splice(res, out_dir):
+    """Puts the sections of res (a run of some of SPLICED alone) into the
+    REPORT.md there is: each section's text, its rows of the targets
+    table (in place of the ones it had), a line under the machine that
+    says when and where it ran, and its plot. The rest stays."""
+    out_dir = Path(out_dir)
+    report = Path(out_dir) / "REPORT.md"
+    doc = report.read_text()
+    names = section_plots(res, out_dir, [s for s in res["sections"] if s in SPLICED])
+    m = res["machine"]
+    for s in res["sections"]:
+        heading, md, prefix = SPLICED[s]
+        targets = []
+        body = md(res, targets)
+        start, end = section_span(doc, heading, ERRORS_HEADING)
+        doc = doc[:start] + heading + "\n" + body + "\n" + doc[end:]
+        # its targets: the rows it had go, its rows come where the first
+        # was, or at the end of the table
+        lines = doc.split("\n")
+        head = lines.index("## Targets")
+        first = next(i for i in range(head + 1, len(lines)) if lines[i].startswith("|---"))
+        last = next(i for i in range(first + 1, len(lines)) if not lines[i].startswith("| "))
+        rows = lines[first + 1:last]
+        old = [i for i, r in enumerate(rows) if r.startswith("| " + prefix)]
+        at = old[0] if old else len(rows)
+        rows = [r for r in rows if not r.startswith("| " + prefix)]
+        rows[at:at] = [f"| {t} | {measured} | {mark(ok)} |" for t, measured, ok in targets]
+        lines[first + 1:last] = rows
+        # the line under the machine's
+        note = (f"- Section **{s}** is from a run of it alone (`bench/run.py --sections {s} "
+                f"--splice`, {res['mode']}), started {res['started']}, {res['seconds']} s, "
+                f"load average {' '.join(res['loadavg_start'])} before, "
+                f"{' '.join(res['loadavg_end'])} after; module at {m['commit']}")
+        mine = [i for i, line in enumerate(lines) if line.startswith(f"- Section **{s}** ")]
+        if mine:
+            lines[mine[0]] = note
+        else:
+            targets_at = lines.index("## Targets")
+            while not lines[targets_at - 1].startswith("- "):
+                targets_at -= 1
+            lines.insert(targets_at, note)
+        doc = "\n".join(lines)
+    for name in names:
+        if f"]({name})" not in doc:
+            end = doc.index("\n## ", doc.index("## Plots\n"))
+            doc = doc[:end] + f"![{name}]({name})\n" + doc[end:]
+    report.write_text(doc)
 
 
 def splice_other_release(out_dir):
@@ -477,7 +549,11 @@ def splice_other_release(out_dir):
 
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent
-    src = Path(sys.argv[1]) if len(sys.argv) > 1 else here / "out/results.json"
+    args = sys.argv[1:]
+    if args[:1] == ["--splice"] and len(args) == 2:
+        splice(json.loads(Path(args[1]).read_text()), here)
+        sys.exit(0)
+    src = Path(args[0]) if args else here / "out/results.json"
     if src.exists():
         render(json.loads(src.read_text()), here)
     else:

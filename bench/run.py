@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """make bench: push_task against inline Lua and ngx.run_worker_thread.
 
-Starts Debian's nginx with bench/nginx.conf.tmpl (one worker, loopback
-only), runs seven sections and writes bench/REPORT.md and bench/*.png
+Starts Debian's nginx with bench/nginx.conf.tmpl (one worker, 2 for the
+updates section; loopback only), runs nine sections and writes
+bench/REPORT.md and bench/*.png
 (through report.py); raw results go to bench/out/results.json.
 
   handoff     round trips of a trivial task, measured inside nginx, with
@@ -23,9 +24,13 @@ only), runs seven sections and writes bench/REPORT.md and bench/*.png
               peak RSS; MB/s and event-loop CPU per chunk against a
               push_task of the same size; how soon a waiting handler
               sees its caller let go; a Lua pool and a Rust pool
+  updates     live updates in 2 workers at full load (run_updates.py):
+              the time until every thread runs an update, the event
+              loop's CPU per update, tasks failed meanwhile, the workers'
+              RSS over many updates of a rule set
 
 Every loop is bounded in count and time. QUICK=1 (or --quick) runs a
-~1 minute smoke version; the full run takes ~15 minutes.
+~1.5 minute smoke version; the full run takes ~17 minutes.
 """
 
 import argparse
@@ -44,6 +49,7 @@ import figures  # noqa: E402
 import procs  # noqa: E402
 import report  # noqa: E402
 import rust_pool  # noqa: E402
+import run_updates  # noqa: E402
 from cells import (HANDOFF_C, HANDOFF_VARIANTS, LARGE_PAYLOADS, PAYLOADS,  # noqa: E402
                    SMALL_PAYLOADS, THROUGHPUT_C, VARIANTS, WAF_VARIANTS)
 from cells import STREAM_CHUNK, STREAM_MIB, STREAM_MODES, STREAM_SIZES  # noqa: E402
@@ -57,7 +63,7 @@ WRK_WAF_SCRIPT = BENCH / "wrk_waf.lua"
 
 MEMORY_THREADS = (0, 1, 4, 16)
 SECTIONS = ("handoff", "hol", "policy", "throughput", "memory", "waf", "mechanisms",
-            "stream")
+            "stream", "updates")
 # The mechanisms section's sequential caller: tasks per run; and refused
 # pushes per run (each run's must end before its pool's queue drains).
 MECH_TASKS = 2000
@@ -98,11 +104,13 @@ PLANS = {
     "full": dict(handoff_rounds=5, handoff_ms=1000, warmup_ms=300,
                  hol_rounds=2, hol_secs=5, tput_rounds=2, tput_secs=5,
                  mem_tasks=100000, waf_rounds=3, waf_secs=5,
-                 mech_rounds=3, mech_trials=20, stream_rounds=3, drain_mib=64),
+                 mech_rounds=3, mech_trials=20, stream_rounds=3, drain_mib=64,
+                 upd_n=200, upd_cost=200, upd_cpu_rounds=3, upd_cpu_secs=5, upd_rss=1000),
     "quick": dict(handoff_rounds=1, handoff_ms=200, warmup_ms=100,
                   hol_rounds=1, hol_secs=1, tput_rounds=1, tput_secs=2,
                   mem_tasks=20000, waf_rounds=1, waf_secs=1,
-                  mech_rounds=1, mech_trials=5, stream_rounds=1, drain_mib=8),
+                  mech_rounds=1, mech_trials=5, stream_rounds=1, drain_mib=8,
+                  upd_n=30, upd_cost=50, upd_cpu_rounds=1, upd_cpu_secs=2, upd_rss=100),
 }
 
 
@@ -552,11 +560,17 @@ def main():
     ap.add_argument("--results", type=Path,
                     help="write the results here and no report: another release's "
                     "run, which REPORT.md shows as a section of its own (make bench-trixie)")
+    ap.add_argument("--splice", action="store_true",
+                    help="put the sections run into the REPORT.md there is, in place of "
+                    "theirs, and leave the rest of it; results in out/results-SECTIONS.json "
+                    "(sections: " + ",".join(report.SPLICED) + ")")
     args = ap.parse_args()
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.splice and set(sections) - set(report.SPLICED):
+        ap.error(f"--splice takes only {', '.join(report.SPLICED)}")
     if not procs.MODULE.exists():
         sys.exit(f"{procs.MODULE} missing: run `make build` first")
 
@@ -577,7 +591,8 @@ def main():
                  memory=lambda: section_memory(plan, res),
                  waf=lambda: section_waf(plan, res),
                  mechanisms=lambda: section_mechanisms(plan, res),
-                 stream=lambda: section_stream(plan, res))
+                 stream=lambda: section_stream(plan, res),
+                 updates=lambda: run_updates.section_updates(plan, res))
     failed = False
     for s in sections:
         log(f"section {s}")
@@ -596,6 +611,12 @@ def main():
     if args.results:
         args.results.write_text(json.dumps(res, indent=1))
         log(f"done in {res['seconds']} s: {args.results}")
+        return 1 if failed else 0
+    if args.splice:
+        out = OUT / f"results-{'-'.join(sections)}.json"
+        out.write_text(json.dumps(res, indent=1))
+        report.splice(res, BENCH)
+        log(f"done in {res['seconds']} s: {out}, spliced into {BENCH / 'REPORT.md'}")
         return 1 if failed else 0
     (OUT / "results.json").write_text(json.dumps(res, indent=1))
     report.render(res, BENCH)
