@@ -133,6 +133,19 @@ impl Work {
         ))
     }
 
+    /// No task: a wake-up, which makes the pool thread that takes it
+    /// look for an update (thread/updates.rs) and nothing else.
+    pub fn wake(pool: PoolId) -> Job {
+        Arc::new(Work::with(
+            POSTED,
+            pool,
+            Args::default(),
+            None,
+            Vec::new(),
+            Vec::new,
+        ))
+    }
+
     fn with(
         task: PushId,
         pool: PoolId,

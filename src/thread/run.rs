@@ -17,7 +17,7 @@ use crate::ngx::{guard, log};
 use crate::stats::{PoolStats, Tally};
 use crate::thread::handler::{Handler, Spec};
 use crate::thread::updates::{Current, Moved, ThreadUpdates};
-use crossbeam_channel::{never, select, unbounded, Receiver, Sender, TryRecvError};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -229,13 +229,10 @@ impl PoolThread {
     /// Waits for jobs and runs them until the channel closes; an idle
     /// thread gives memory back.
     fn serve(&mut self) {
-        let never = never();
         loop {
             self.unpin();
-            let wake = self.updates.as_ref().map_or(&never, |u| &u.wake);
-            match next_job(&self.jobs, wake, self.handled >= LARGE, &mut self.spin) {
+            match next_job(&self.jobs, self.handled >= LARGE, &mut self.spin) {
                 Next::Job(job) => self.take(job),
-                Next::Update => self.catch_up(),
                 Next::Idle => self.idle(),
                 Next::Closed => break,
             }
@@ -243,7 +240,9 @@ impl PoolThread {
     }
 
     /// Runs the tasks of `job` that this thread claims, claim after claim,
-    /// and sends the push back if this thread finished its last task.
+    /// and sends the push back if this thread finished its last task;
+    /// first, the pool's latest update if this thread has not applied it
+    /// (a job without tasks is only that: Work::wake).
     fn take(&mut self, job: Job) {
         if self.stopping.load(Ordering::Relaxed) {
             return;
@@ -702,22 +701,16 @@ const SPIN: Duration = Duration::from_micros(50);
 /// large tasks keeps reusing it (fresh pages cost more than the copies).
 const IDLE: Duration = Duration::from_secs(1);
 
-/// A wait with no end in sight (a century).
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
 /// What a thread waiting for work gets.
 enum Next {
     Job(Job),
-    /// An update came (thread/updates.rs).
-    Update,
     /// No job for IDLE (asked for only after large payloads).
     Idle,
     Closed,
 }
 
-/// The next job, or an update's `wake`-up; with `idle_after`, Idle once
-/// no job came for IDLE.
-fn next_job(jobs: &Receiver<Job>, wake: &Receiver<()>, idle_after: bool, spin: &mut Spin) -> Next {
+/// The next job; with `idle_after`, Idle once no job came for IDLE.
+fn next_job(jobs: &Receiver<Job>, idle_after: bool, spin: &mut Spin) -> Next {
     // A job found waiting says nothing about the gaps between jobs: not
     // observed.
     if let Ok(job) = jobs.try_recv() {
@@ -736,11 +729,14 @@ fn next_job(jobs: &Receiver<Job>, wake: &Receiver<()>, idle_after: bool, spin: &
             Err(TryRecvError::Empty) => break,
         }
     }
-    let wait = if idle_after { IDLE } else { FOREVER };
-    let next = select! {
-        recv(jobs) -> job => job.map_or(Next::Closed, Next::Job),
-        recv(wake) -> _ => Next::Update,
-        default(wait) => Next::Idle,
+    let next = if idle_after {
+        match jobs.recv_timeout(IDLE) {
+            Ok(job) => Next::Job(job),
+            Err(RecvTimeoutError::Disconnected) => Next::Closed,
+            Err(RecvTimeoutError::Timeout) => Next::Idle,
+        }
+    } else {
+        jobs.recv().map_or(Next::Closed, Next::Job)
     };
     spin.observe(start.elapsed());
     next

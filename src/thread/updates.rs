@@ -1,15 +1,17 @@
 //! A worker's side of its pools' updates (docs/updates.md): the update
 //! thread, one per worker, which waits for updates (handoff/update.rs)
-//! and hands each pool's new update to the pool's threads, and what a
+//! and hands each pool's new update to the pool's threads, waking those
+//! that wait for a job with jobs without tasks (Work::wake), and what a
 //! pool thread keeps of them. A pool thread applies the latest update between two
 //! tasks (thread/run.rs), so that every task runs on one version; the
 //! last of the worker's threads to apply it logs its outcome.
 
+use crate::handoff::job::{Job, PoolId, Work};
 use crate::handoff::update::{Update, UpdateZone, Wake};
 use crate::ngx::log::{self, Log};
 use crate::ngx::os;
 use crate::stats::{PoolStats, ThreadVersion, UpdateError};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -31,30 +33,31 @@ pub struct Current {
 pub struct Latest {
     version: AtomicU64,
     current: Mutex<Option<Arc<Current>>>,
-    /// Each thread's wake-up, for threads waiting for a job.
-    wakes: Vec<Sender<()>>,
     threads: usize,
 }
 
 impl Latest {
-    /// The latest for `threads` threads, and each thread's wake-up.
-    pub fn new(threads: usize) -> (Arc<Latest>, Vec<Receiver<()>>) {
-        let (wakes, receivers) = (0..threads).map(|_| bounded(1)).unzip();
-        let latest = Latest {
+    /// The latest update of a pool of `threads` threads.
+    pub fn new(threads: usize) -> Arc<Latest> {
+        Arc::new(Latest {
             version: AtomicU64::new(0),
             current: Mutex::new(None),
-            wakes,
             threads,
-        };
-        (Arc::new(latest), receivers)
+        })
     }
 
     /// Reads `zone` and, if it holds a later update than the last read,
-    /// hands it to the threads (woken), and sets the pool's version gauge.
-    pub fn refresh(&self, zone: &UpdateZone, stats: &PoolStats) {
-        if zone.version() <= self.version.load(Ordering::Relaxed) {
-            return;
+    /// hands it to the threads, and sets the pool's version gauge: the
+    /// threads that have not moved to the latest update.
+    pub fn refresh(&self, zone: &UpdateZone, stats: &PoolStats) -> usize {
+        if zone.version() > self.version.load(Ordering::Relaxed) {
+            self.read(zone, stats);
         }
+        self.get().map_or(0, |c| c.pending.load(Ordering::Acquire))
+    }
+
+    /// Takes the update of `zone` as the latest.
+    fn read(&self, zone: &UpdateZone, stats: &PoolStats) {
         let held = self.get().and_then(|c| c.update.code.clone());
         let Some(update) = zone.read(held.as_ref()) else {
             return;
@@ -70,9 +73,6 @@ impl Latest {
         *lock(&self.current) = Some(Arc::new(current));
         self.version.store(version, Ordering::Release);
         stats.update_version.store(version, Ordering::Relaxed);
-        for wake in &self.wakes {
-            let _ = wake.try_send(());
-        }
     }
 
     /// The latest update, if any.
@@ -88,8 +88,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// What a pool thread keeps of its pool's updates.
 pub struct ThreadUpdates {
     pub latest: Arc<Latest>,
-    /// Woken when an update comes while the thread waits for a job.
-    pub wake: Receiver<()>,
     /// Its versions in the status table, and its worker's pool's error.
     pub slot: Option<&'static ThreadVersion>,
     pub error: Option<&'static UpdateError>,
@@ -108,12 +106,10 @@ pub enum Moved {
 impl ThreadUpdates {
     pub fn new(
         latest: Arc<Latest>,
-        wake: Receiver<()>,
         versions: Option<(&'static UpdateError, &'static ThreadVersion)>,
     ) -> ThreadUpdates {
         ThreadUpdates {
             latest,
-            wake,
             slot: versions.map(|(_, slot)| slot),
             error: versions.map(|(error, _)| error),
             applied: None,
@@ -205,12 +201,31 @@ fn outcome(current: &Current, pool: &str, stats: &PoolStats, log: Option<Log>) {
     }
 }
 
-/// What the update thread watches of one pool: its zone, and where the
-/// pool's threads find what it read there.
+/// What the update thread watches of one pool: its zone, where the
+/// pool's threads find what it read there, and their jobs, where wake-ups
+/// (Work::wake) reach those that wait for a job (a pool thread looks for
+/// an update before each job).
 pub struct Watched {
     pub zone: UpdateZone,
     pub latest: Arc<Latest>,
     pub stats: &'static PoolStats,
+    pub pool: PoolId,
+    pub jobs: Sender<Job>,
+}
+
+impl Watched {
+    /// Reads the pool's zone; while some of its threads have not moved to
+    /// the latest update, wakes as many (a busy one moves before its next
+    /// job): whether some have not.
+    fn refresh(&self) -> bool {
+        let behind = self.latest.refresh(&self.zone, self.stats);
+        // Wake-ups not taken yet count: a thread busy for long is not
+        // sent one more each time.
+        for _ in self.jobs.len()..behind {
+            let _ = self.jobs.send(Work::wake(self.pool));
+        }
+        behind > 0
+    }
 }
 
 /// The worker's update thread: stopped by `stop`.
@@ -223,6 +238,13 @@ pub struct Watcher {
 /// How long the update thread waits before it reads the zones anyway (a
 /// wake-up lost to a writer killed between its write and its wake).
 const RECHECK: Duration = Duration::from_secs(1);
+
+/// How long it waits, at first, before it wakes again the threads that
+/// have not moved to an update; twice as long each time, up to
+/// NUDGE_MAX. A wake-up may reach a thread that has moved already while
+/// one that has not still waits for a job.
+const NUDGE_MIN: Duration = Duration::from_millis(1);
+const NUDGE_MAX: Duration = Duration::from_millis(100);
 
 impl Watcher {
     /// Starts the worker's update thread, which waits on `wake` and hands
@@ -237,15 +259,24 @@ impl Watcher {
                 let Some(word) = wake.word() else {
                     return;
                 };
+                let mut nudge = NUDGE_MIN;
                 loop {
                     let seen = word.load(Ordering::Acquire);
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
+                    let mut behind = false;
                     for p in &pools {
-                        p.latest.refresh(&p.zone, p.stats);
+                        behind |= p.refresh();
                     }
-                    os::futex_wait(word, seen, RECHECK);
+                    let wait = if behind {
+                        nudge = (nudge * 2).min(NUDGE_MAX);
+                        nudge / 2
+                    } else {
+                        nudge = NUDGE_MIN;
+                        RECHECK
+                    };
+                    os::futex_wait(word, seen, wait);
                 }
             })?;
         Ok(Watcher {

@@ -444,7 +444,8 @@ fn spawn_pool(
     } = setup;
     let (tx, rx) = channel.clone();
     let mut handles = Vec::with_capacity(threads);
-    let (latest, mut thread_updates) = pool_updates(updates.as_ref(), threads, stats, versions);
+    let latest = Latest::new(threads);
+    let mut thread_updates = pool_updates(updates.as_ref(), latest.clone(), stats, versions);
     for i in 0..threads {
         let running = Arc::new(watchdog::Running::default());
         if let Some(threshold) = spec.settings.slow_task {
@@ -502,32 +503,32 @@ fn spawn_pool(
 /// updates (None without a zone: `thread_pool_update_size off`).
 fn pool_updates(
     zone: Option<&UpdateZone>,
-    threads: usize,
+    latest: Arc<Latest>,
     stats: &'static PoolStats,
     versions: Option<(&'static UpdateError, &'static [ThreadVersion])>,
-) -> (Arc<Latest>, impl Iterator<Item = Option<ThreadUpdates>>) {
-    let (latest, wakes) = Latest::new(threads);
+) -> impl Iterator<Item = Option<ThreadUpdates>> {
     if let Some(zone) = zone {
         latest.refresh(zone, stats);
     }
-    let each = latest.clone();
     let on = zone.is_some();
-    let thread_updates = wakes.into_iter().enumerate().map(move |(i, wake)| {
+    (0..).map(move |i| {
         let slot = versions.and_then(|(error, slots)| Some((error, slots.get(i)?)));
-        on.then(|| ThreadUpdates::new(each.clone(), wake, slot))
-    });
-    (latest, thread_updates)
+        on.then(|| ThreadUpdates::new(latest.clone(), slot))
+    })
 }
 
 /// The update thread, if a pool takes updates.
 fn start_watcher(pools: &[Pool]) -> Result<Option<Watcher>, WorkerError> {
     let watched: Vec<Watched> = pools
         .iter()
-        .filter_map(|p| {
+        .enumerate()
+        .filter_map(|(pool, p)| {
             Some(Watched {
                 zone: p.updates?,
                 latest: p.latest.clone(),
                 stats: p.stats,
+                pool,
+                jobs: p.jobs.clone()?,
             })
         })
         .collect();
