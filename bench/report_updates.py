@@ -238,7 +238,7 @@ def md_updates(res, targets):
                "the call, the wait's polls and what else an update makes the event loop do "
                f"(the load's tasks served meanwhile cancel out); median [min–max] of "
                f"{plan['upd_cpu_rounds']} round(s) of {plan['upd_cpu_secs']} s. *Update "
-               "threads*: the CPU of both workers' update threads (`tp update upd`) per "
+               "threads*: the CPU of both workers' update threads (`tp updates`) per "
                "update, the same way. No target: figures to watch.\n")
     rows = []
     for kind in ("sleep", "spin"):

@@ -201,7 +201,7 @@ def cpu_pairs(ng, caller, pid, secs, span):
     (`pid`'s main thread) and the update threads' in both workers, during
     each. Their sums, and the pairs."""
     pids = ng.workers()
-    name = f"tp update {POOL}"
+    name = "tp updates"
     sums = dict(update_loop_us=0.0, dry_loop_us=0.0, update_threads_us=0.0,
                 dry_threads_us=0.0)
     pairs = 0
