@@ -135,10 +135,14 @@ impl Zone {
 
 unsafe extern "C" fn init_zone(zone: *mut sys::ngx_shm_zone_t, old: *mut c_void) -> sys::ngx_int_t {
     super::guard::no_unwind("init_zone", sys::NGX_ERROR as sys::ngx_int_t, || {
-        if !old.is_null() {
-            // a kept zone: nginx mapped the old cycle's memory, whose block
-            // old is
-            // SAFETY: nginx passes the zone it is initialising.
+        // SAFETY: nginx passes the zone it is initialising, mapped.
+        let (start, size) = unsafe { ((*zone).shm.addr as *mut c_void, (*zone).shm.size) };
+        // A kept zone: nginx mapped the old cycle's memory again, and old,
+        // its block, lies in it. Newer nginx (1.31, OpenResty's) also
+        // passes the old block of a zone it does not keep (noreuse), which
+        // lies in the old mapping only: that zone starts afresh.
+        if !old.is_null() && old > start && old < start.wrapping_byte_add(size) {
+            // SAFETY: as above.
             unsafe { (*zone).data = old };
             return sys::NGX_OK as sys::ngx_int_t;
         }
