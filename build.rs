@@ -34,9 +34,9 @@ fn main() {
         .header("wrapper.h")
         .allowlist_item("ngx_.*|NGX_.*|nginx_version|NGINX_.*")
         .allowlist_function(
-            "sigfillset|sigdelset|pthread_sigmask|setpriority|getpriority|gettid|eventfd|write|close|sched_setscheduler|dlopen|dlsym|dlerror|dlclose|syscall|kill",
+            "sigfillset|sigdelset|pthread_sigmask|setpriority|getpriority|gettid|eventfd|write|close|sched_setscheduler|dlopen|dlsym|dlerror|dlclose|syscall|kill|pthread_self|pthread_getattr_np|pthread_attr_getstack|pthread_attr_destroy|madvise|mincore",
         )
-        .allowlist_item("EFD_CLOEXEC|EFD_NONBLOCK|RTLD_NOW|RTLD_LOCAL|RTLD_NOLOAD|FUTEX_WAIT|FUTEX_WAKE|ESRCH|timespec")
+        .allowlist_item("EFD_CLOEXEC|EFD_NONBLOCK|RTLD_NOW|RTLD_LOCAL|RTLD_NOLOAD|FUTEX_WAIT|FUTEX_WAKE|ESRCH|timespec|MADV_DONTNEED")
         .allowlist_var("SIGILL|SIGFPE|SIGSEGV|SIGBUS|SIG_BLOCK|SCHED_OTHER|SCHED_BATCH|SCHED_IDLE")
         .layout_tests(false)
         .derive_default(true)

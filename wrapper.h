@@ -7,6 +7,8 @@
 #include <ngx_http.h>
 #include <ngx_thread_pool.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 
 /* Macros bindgen cannot evaluate, turned into constants. */

@@ -26,7 +26,7 @@
 //!   seam over the two kinds of handler (`handler.rs`), shadow comparison
 //!   (`shadow.rs`: POOL's half, `compare.rs`: SHADOW's half), the watchdog
 //!   (`watchdog.rs`), the update thread and a thread's updates
-//!   (`updates.rs`).
+//!   (`updates.rs`), its stack after a deep task (`stack.rs`).
 //! - `conf/`: configuration, read in the master. The directives' setters
 //!   and the http main conf (`mod.rs`), `*_by_lua_block` reading
 //!   (`block.rs`), its errors (`error.rs`), a pool's settings declared in

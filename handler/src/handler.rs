@@ -26,6 +26,11 @@ pub(crate) const NO_UPDATES: &str = "this handler takes no updates (Handler::upd
 ///   as the panic left it; a panic in `init` is `init`'s error
 ///   `panic: <message>` (so the tasks get
 ///   `nil, 'thread pool "NAME" is not usable: panic: <message>'`).
+/// * **Stack overflow** is not caught: past its thread's stack
+///   (`thread_pool_stack_size`, 64 MiB by default), a recursion hits the
+///   guard page and Rust aborts the process, the nginx worker, as in any
+///   Rust program. Bound recursion on user data (an explicit `Vec` as the
+///   stack).
 /// * **Live updates** (`tp.NAME:update(...)`, optional): `update` runs on
 ///   each thread's state between two of its tasks, on the thread that owns
 ///   it, with the update's version and arguments. An update carries the

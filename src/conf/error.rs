@@ -22,6 +22,11 @@ pub enum ConfError {
     /// neither a size > 0 nor off.
     BadSize(String),
     /// A `thread_pool_stream_chunks` count that is not 1 to `max`.
+    /// A `thread_pool_stack_size` that is not a size of at least `min`.
+    BadStackSize {
+        arg: String,
+        min: usize,
+    },
     BadStreamChunks {
         arg: String,
         max: usize,
@@ -94,6 +99,11 @@ impl fmt::Display for ConfError {
             ConfError::BadSize(p) => {
                 write!(f, "takes a size (16k, 1m...) or off: invalid \"{p}\"")
             }
+            ConfError::BadStackSize { arg, min } => write!(
+                f,
+                "takes a size of at least {}k: invalid \"{arg}\"",
+                min >> 10
+            ),
             ConfError::BadStreamChunks { arg, max } => write!(
                 f,
                 "takes a number of chunks from 1 to {max}: invalid \"{arg}\""

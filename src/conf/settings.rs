@@ -36,6 +36,9 @@ pub struct Settings {
     /// pool's latest update may hold in shared memory (None: off, no
     /// updates). Read at postconfiguration, which adds the zone.
     pub update_size: Option<usize>,
+    /// `thread_pool_stack_size`: each pool thread's stack. Read by the
+    /// worker when it starts the threads.
+    pub stack_size: usize,
 }
 
 impl Default for Settings {
@@ -49,6 +52,7 @@ impl Default for Settings {
             deadline: None,
             stream_chunks: DEFAULT_STREAM_CHUNKS,
             update_size: Some(DEFAULT_UPDATE_SIZE),
+            stack_size: DEFAULT_STACK_SIZE,
         }
     }
 }
@@ -65,7 +69,7 @@ pub struct Directive {
 pub type Parse = fn(&mut Settings, Conf, &[&[u8]]) -> Result<(), ConfError>;
 
 /// Every setting's directive; the setter gets an entry's index.
-pub const DIRECTIVES: [Directive; 6] = [
+pub const DIRECTIVES: [Directive; 7] = [
     Directive {
         name: c"thread_pool_slow_task_log",
         args: sys::NGX_CONF_TAKE2,
@@ -95,6 +99,11 @@ pub const DIRECTIVES: [Directive; 6] = [
         name: c"thread_pool_update_size",
         args: sys::NGX_CONF_TAKE2,
         parse: update_size,
+    },
+    Directive {
+        name: c"thread_pool_stack_size",
+        args: sys::NGX_CONF_TAKE2,
+        parse: stack_size,
     },
 ];
 
@@ -202,6 +211,32 @@ fn update_size(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfErr
             _ => return Err(ConfError::BadSize(lossy(size))),
         },
     };
+    Ok(())
+}
+
+/// `thread_pool_stack_size`'s default. LuaJIT bounds a recursion through
+/// C functions (a `string.gsub` callback that calls gsub, a `table.sort`
+/// comparator that sorts) by its Lua stack alone, 65,500 slots: about
+/// 6,000 levels of gsub, each with an 8 KiB buffer on the C stack. 8 MiB
+/// (the event loop's, under Linux's `ulimit -s`) ends such a recursion in
+/// a crash of the worker, 32 MiB too; from 64 MiB LuaJIT's own "stack
+/// overflow" error ends it first. Only the pages a task touches are
+/// memory: the rest is address space.
+const DEFAULT_STACK_SIZE: usize = 64 << 20;
+
+/// The smallest `thread_pool_stack_size`: below it, a task's ordinary C
+/// calls (PCRE matching without JIT among them) would not fit.
+pub const STACK_SIZE_MIN: usize = 1 << 20;
+
+/// `thread_pool_stack_size POOL SIZE;`.
+fn stack_size(s: &mut Settings, cf: Conf, args: &[&[u8]]) -> Result<(), ConfError> {
+    s.stack_size = cf
+        .parse_size(args[0])
+        .filter(|&n| n >= STACK_SIZE_MIN)
+        .ok_or_else(|| ConfError::BadStackSize {
+            arg: lossy(args[0]),
+            min: STACK_SIZE_MIN,
+        })?;
     Ok(())
 }
 

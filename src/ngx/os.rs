@@ -164,6 +164,59 @@ pub fn alive(pid: i32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(sys::ESRCH as i32)
 }
 
+/// The calling thread's stack: its lowest address and its size (glibc's
+/// pthread_getattr_np, which knows the stack of a thread it started).
+pub fn own_stack() -> Option<(usize, usize)> {
+    // SAFETY: attr is initialised by pthread_getattr_np before it is read
+    // and destroyed once; addr and size are plain out-parameters.
+    unsafe {
+        let mut attr: sys::pthread_attr_t = std::mem::zeroed();
+        if sys::pthread_getattr_np(sys::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let (mut addr, mut size) = (std::ptr::null_mut(), 0);
+        let rc = sys::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        sys::pthread_attr_destroy(&mut attr);
+        (rc == 0).then_some((addr as usize, size))
+    }
+}
+
+/// The size of a page of memory.
+pub const PAGE: usize = 4096;
+
+/// Whether the page holding `addr`, of the caller's own stack, is in
+/// memory (mincore).
+pub fn resident(addr: usize) -> bool {
+    let mut vec = 0u8;
+    // SAFETY: mincore reads the page tables of one page-aligned page of
+    // this process and writes one byte to vec.
+    let rc = unsafe {
+        sys::mincore(
+            (addr & !(PAGE - 1)) as *mut std::ffi::c_void,
+            PAGE,
+            &mut vec,
+        )
+    };
+    rc == 0 && vec & 1 == 1
+}
+
+/// Gives the pages from `from` to `to` (page-aligned, of the caller's own
+/// stack, below any frame in use) back to the system: touched again, they
+/// read as zero.
+pub fn give_back(from: usize, to: usize) {
+    if to > from {
+        // SAFETY: the range is page-aligned and holds no frame in use
+        // (the contract), so nothing reads what MADV_DONTNEED drops.
+        unsafe {
+            sys::madvise(
+                from as *mut std::ffi::c_void,
+                to - from,
+                sys::MADV_DONTNEED as i32,
+            );
+        }
+    }
+}
+
 /// The time of day in µs since the epoch, which every process reads alike.
 pub fn wall_clock_us() -> u64 {
     std::time::SystemTime::now()

@@ -6,5 +6,6 @@ pub mod compare;
 pub mod handler;
 pub mod run;
 pub mod shadow;
+pub mod stack;
 pub mod updates;
 pub mod watchdog;

@@ -2,6 +2,7 @@
 //! over the pool's job channel, and how it goes idle.
 
 use super::shadow::Shadow;
+use super::stack::Stack;
 use super::watchdog::Running;
 use crate::codec;
 use crate::handoff::job::POSTED;
@@ -22,11 +23,6 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A pool thread's stack: the event loop's under Linux's default `ulimit -s`
-/// (Rust's default, 2 MiB, is less), so that code recursing on the C stack,
-/// like PCRE matching without JIT, gets as deep as in the event loop.
-pub(crate) const THREAD_STACK_SIZE: usize = 8 << 20;
 
 /// What a thread is given besides its pool's spec and channels.
 pub struct ThreadSetup {
@@ -63,6 +59,8 @@ pub(crate) struct PoolThread {
     last_logged: Option<Instant>,
     /// Payload bytes handled since the thread last gave memory back.
     handled: usize,
+    /// Its stack, whose pages a deep task touched go back after it.
+    stack: Option<Stack>,
     spin: Spin,
     /// Where the pins of results that the event loop let go of come back.
     unpin_tx: Sender<PinKey>,
@@ -110,6 +108,7 @@ impl PoolThread {
             posted_failures: 0,
             last_logged: None,
             handled: 0,
+            stack: Stack::own(),
             spin: Spin::new(SPIN),
             unpin_tx,
             unpin_rx,
@@ -384,6 +383,9 @@ impl PoolThread {
         result.failed = outcome != Outcome::Done;
         result.pinned = pin.map(|key| Pinned::new(key, self.unpin_tx.clone()));
         *now = self.end(job, i, started, &outcome, &result);
+        if let Some(stack) = &self.stack {
+            stack.after_task(*now - started);
+        }
         if outcome == Outcome::OutOfMemory {
             self.out_of_memory();
             // the rebuild is the next task's wait, not its run

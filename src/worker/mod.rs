@@ -23,7 +23,7 @@ use crate::handoff::update::UpdateZone;
 use crate::ngx::log::{self, Log};
 use crate::stats::{ThreadVersion, UpdateError};
 use crate::thread::handler::Spec;
-use crate::thread::run::{self as threads, PoolThread, THREAD_STACK_SIZE};
+use crate::thread::run::{self as threads, PoolThread};
 use crate::thread::shadow::{self, Shadow};
 use crate::thread::updates::{Latest, ThreadUpdates, Watched, Watcher};
 use crate::thread::watchdog;
@@ -471,7 +471,7 @@ fn spawn_pool(
         let (thread_spec, rx, done) = (spec.clone(), rx.clone(), given.done.clone());
         let handle = std::thread::Builder::new()
             .name(format!("tp {}", spec.name))
-            .stack_size(THREAD_STACK_SIZE)
+            .stack_size(spec.settings.stack_size)
             .spawn(move || PoolThread::main(thread_spec, rx, done, setup))
             .map_err(|err| WorkerError::ThreadSpawn {
                 pool: spec.name.clone(),
