@@ -11,7 +11,7 @@
 //! that no event loop ever waits for a pool thread.
 
 use crate::ngx::os;
-use crate::ngx::shm::Zone;
+use crate::ngx::shm::{read_words, write_words, Zone, WORD};
 use crate::ngx::sys;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ impl Wake {
     /// `cf` must be the configuration being parsed (postconfiguration).
     pub unsafe fn add(cf: *mut sys::ngx_conf_t) -> Option<Wake> {
         // SAFETY: cf is the configuration being parsed (the contract).
-        unsafe { Zone::add_kept(cf, "ngx_threadpool_updates", size_of::<u64>()) }.map(Wake)
+        unsafe { Zone::add_kept(cf, "ngx_threadpool_updates", WORD) }.map(Wake)
     }
 
     /// The word, once nginx has made the zone.
@@ -114,8 +114,6 @@ pub struct UpdateZone {
     /// Where its updates wake the update threads.
     pub wake: Wake,
 }
-
-const WORD: usize = size_of::<u64>();
 
 impl UpdateZone {
     /// Adds pool `pool`'s zone, with room for `room` bytes of code and
@@ -279,40 +277,5 @@ impl Lock {
 impl Drop for Lock {
     fn drop(&mut self) {
         self.0.store(0, Ordering::Release);
-    }
-}
-
-/// Writes `bytes` into `data` from byte `at` (a multiple of 8), a word at
-/// a time.
-fn write_words(data: &[AtomicU64], at: usize, bytes: &[u8]) {
-    for (word, chunk) in data[at / WORD..].iter().zip(bytes.chunks(WORD)) {
-        let mut w = [0u8; WORD];
-        w[..chunk.len()].copy_from_slice(chunk);
-        word.store(u64::from_ne_bytes(w), Ordering::Relaxed);
-    }
-}
-
-/// `len` bytes of `data` from byte `at` (a multiple of 8).
-fn read_words(data: &[AtomicU64], at: usize, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len.next_multiple_of(WORD));
-    for word in &data[at / WORD..(at + len).div_ceil(WORD)] {
-        out.extend_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn words_carry_bytes_of_any_length() {
-        let data: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-        for len in [0, 1, 7, 8, 9, 24] {
-            let bytes: Vec<u8> = (1..=len as u8).collect();
-            write_words(&data, 8, &bytes);
-            assert_eq!(read_words(&data, 8, len), bytes);
-        }
     }
 }

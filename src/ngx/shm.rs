@@ -6,6 +6,7 @@
 use super::sys;
 use std::ffi::c_void;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A zone added to the configuration being parsed; its block exists once
 /// nginx has created the cycle's shared memory.
@@ -133,6 +134,29 @@ impl Zone {
     }
 }
 
+/// The bytes of a word of shared memory.
+pub const WORD: usize = size_of::<u64>();
+
+/// Writes `bytes` into `data` from byte `at` (a multiple of 8), a word at
+/// a time.
+pub fn write_words(data: &[AtomicU64], at: usize, bytes: &[u8]) {
+    for (word, chunk) in data[at / WORD..].iter().zip(bytes.chunks(WORD)) {
+        let mut w = [0u8; WORD];
+        w[..chunk.len()].copy_from_slice(chunk);
+        word.store(u64::from_ne_bytes(w), Ordering::Relaxed);
+    }
+}
+
+/// `len` bytes of `data` from byte `at` (a multiple of 8).
+pub fn read_words(data: &[AtomicU64], at: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len.next_multiple_of(WORD));
+    for word in &data[at / WORD..(at + len).div_ceil(WORD)] {
+        out.extend_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
 unsafe extern "C" fn init_zone(zone: *mut sys::ngx_shm_zone_t, old: *mut c_void) -> sys::ngx_int_t {
     super::guard::no_unwind("init_zone", sys::NGX_ERROR as sys::ngx_int_t, || {
         // SAFETY: nginx passes the zone it is initialising, mapped.
@@ -159,4 +183,19 @@ unsafe extern "C" fn init_zone(zone: *mut sys::ngx_shm_zone_t, old: *mut c_void)
         }
         sys::NGX_OK as sys::ngx_int_t
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_carry_bytes_of_any_length() {
+        let data: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        for len in [0, 1, 7, 8, 9, 24] {
+            let bytes: Vec<u8> = (1..=len as u8).collect();
+            write_words(&data, 8, &bytes);
+            assert_eq!(read_words(&data, 8, len), bytes);
+        }
+    }
 }

@@ -3,6 +3,7 @@
 //! `stats()`, `thread_pool_status` and an update's caller waiting for
 //! every thread read (docs/updates.md).
 
+use crate::ngx::shm::{read_words, write_words, WORD};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// A pool thread's place in the update versions.
@@ -45,19 +46,15 @@ impl UpdateError {
             return;
         }
         let mut bytes = text.as_bytes();
-        if bytes.len() > ERROR_WORDS * 8 {
+        if bytes.len() > ERROR_WORDS * WORD {
             // at a character's start
-            let end = (0..=ERROR_WORDS * 8)
+            let end = (0..=ERROR_WORDS * WORD)
                 .rev()
                 .find(|&i| text.is_char_boundary(i))
                 .unwrap_or(0);
             bytes = &bytes[..end];
         }
-        for (word, chunk) in self.text.iter().zip(bytes.chunks(8)) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            word.store(u64::from_ne_bytes(w), Ordering::Relaxed);
-        }
+        write_words(&self.text, 0, bytes);
         self.len.store(bytes.len() as u64, Ordering::Relaxed);
         self.version.store(version, Ordering::Relaxed);
         self.seq.store(seq + 2, Ordering::Release);
@@ -70,13 +67,8 @@ impl UpdateError {
             return None;
         }
         let v = self.version.load(Ordering::Relaxed);
-        let len = (self.len.load(Ordering::Relaxed) as usize).min(ERROR_WORDS * 8);
-        let mut bytes: Vec<u8> = self
-            .text
-            .iter()
-            .flat_map(|w| w.load(Ordering::Relaxed).to_ne_bytes())
-            .collect();
-        bytes.truncate(len);
+        let len = (self.len.load(Ordering::Relaxed) as usize).min(ERROR_WORDS * WORD);
+        let bytes = read_words(&self.text, 0, len);
         fence(Ordering::Acquire);
         (v >= version && v > 0 && self.seq.load(Ordering::Relaxed) == seq)
             .then(|| (v, String::from_utf8_lossy(&bytes).into_owned()))
@@ -121,6 +113,6 @@ mod tests {
         let long = "é".repeat(200);
         e.set(3, &long);
         let (_, kept) = e.get(3).unwrap();
-        assert!(long.starts_with(&kept) && kept.len() <= ERROR_WORDS * 8);
+        assert!(long.starts_with(&kept) && kept.len() <= ERROR_WORDS * WORD);
     }
 }

@@ -200,14 +200,19 @@ impl PoolThread {
     /// event loop reads strings of it (see `close`).
     fn replace(&mut self, new: Handler) {
         match std::mem::replace(&mut self.handler, Ok(new)) {
-            Ok(old) if old.has_pins() => {
-                if self.retired.try_reserve(1).is_ok() {
-                    self.retired.push(old);
-                } else {
-                    std::mem::forget(old);
-                }
-            }
+            Ok(old) if old.has_pins() => self.retire(old),
             old => drop(old),
+        }
+    }
+
+    /// Keeps `old`, whose result strings the event loop still reads, until
+    /// it has let go of them; were there no room left to keep it, it is
+    /// leaked, never freed under the event loop's reads.
+    fn retire(&mut self, old: Handler) {
+        if self.retired.try_reserve(1).is_ok() {
+            self.retired.push(old);
+        } else {
+            std::mem::forget(old);
         }
     }
 
@@ -482,11 +487,7 @@ impl PoolThread {
         match std::mem::replace(&mut self.handler, Err(String::new())) {
             Ok(old) if old.has_pins() => {
                 self.collect(&old);
-                if self.retired.try_reserve(1).is_ok() {
-                    self.retired.push(old);
-                } else {
-                    std::mem::forget(old);
-                }
+                self.retire(old);
             }
             closed => drop(closed),
         }

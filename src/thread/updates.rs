@@ -2,9 +2,9 @@
 //! thread, one per worker, which waits for updates (handoff/update.rs)
 //! and hands each pool's new update to the pool's threads, waking those
 //! that wait for a job with jobs without tasks (Work::wake), and what a
-//! pool thread keeps of them. A pool thread applies the latest update between two
-//! tasks (thread/run.rs), so that every task runs on one version; the
-//! last of the worker's threads to apply it logs its outcome.
+//! pool thread keeps of them. A pool thread applies the latest update
+//! between two tasks (thread/run.rs), so that every task runs on one
+//! version; the last of the worker's threads to apply it logs its outcome.
 
 use crate::handoff::job::{Job, PoolId, Work};
 use crate::handoff::update::{Update, UpdateZone, Wake};
