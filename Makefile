@@ -11,7 +11,7 @@ SHELL := /bin/bash
 DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
 	'libluajit2-5.1-dev|libluajit-5.1-dev' \
 	libclang-dev clang pkg-config wrk gcc libc6-dev make git ca-certificates python3 procps \
-	imagemagick python3-prometheus-client dpkg-dev binutils lua-check
+	imagemagick python3-prometheus-client dpkg-dev binutils lua-check luarocks
 # cargo's output: target/, or CARGO_TARGET_DIR (matrix/chroot.sh sets it per
 # release, so that each release's build and package stay apart). Absolute:
 # nginx resolves a relative load_module path against its prefix.

@@ -173,60 +173,6 @@ fn package_files_and_dependencies() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The opm and LuaRocks descriptions of the Lua shim: its version is the
-/// crate's and they list every file of lua/.
-#[test]
-fn lua_packaging_follows_the_crate() {
-    let version = env!("CARGO_PKG_VERSION");
-    let mut lua_files: Vec<String> = std::fs::read_dir(repo().join("lua/resty"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .map(|p| {
-            p.strip_prefix(repo())
-                .unwrap()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    lua_files.sort();
-
-    // opm reads the version from main_module's _VERSION
-    let dist = std::fs::read_to_string(repo().join("dist.ini")).unwrap();
-    let key = |k: &str| {
-        dist.lines()
-            .find_map(|l| l.strip_prefix(k)?.trim_start().strip_prefix('='))
-            .map(|v| v.trim().to_string())
-            .unwrap_or_else(|| panic!("no {k} in dist.ini"))
-    };
-    assert_eq!(key("name"), "lua-resty-threadpool");
-    assert_eq!(key("lib_dir"), "lua");
-    assert_eq!(key("main_module"), "lua/resty/threadpool.lua");
-    let shim = std::fs::read_to_string(repo().join("lua/resty/threadpool.lua")).unwrap();
-    assert!(shim.contains(&format!("_VERSION = \"{version}\"")));
-
-    let name = format!("lua-resty-threadpool-{version}-1.rockspec");
-    let rockspec =
-        std::fs::read_to_string(repo().join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let lua = mlua::Lua::new();
-    lua.load(&rockspec).set_name(&name).exec().unwrap();
-    let g = lua.globals();
-    assert_eq!(g.get::<String>("package").unwrap(), "lua-resty-threadpool");
-    assert_eq!(g.get::<String>("version").unwrap(), format!("{version}-1"));
-    let modules: mlua::Table = g
-        .get::<mlua::Table>("build")
-        .unwrap()
-        .get("modules")
-        .unwrap();
-    let mut listed: Vec<(String, String)> = modules.pairs().map(|kv| kv.unwrap()).collect();
-    listed.sort();
-    for (module, file) in &listed {
-        let want = format!("lua/{}.lua", module.replace('.', "/"));
-        assert_eq!(file, &want, "{module}");
-    }
-    let files: Vec<String> = listed.into_iter().map(|(_, f)| f).collect();
-    assert_eq!(files, lua_files);
-}
-
 /// A maintainer script of the extracted package, run against the layout
 /// under `conf` instead of /etc/nginx (dpkg's trigger call disabled).
 fn maintainer_script(dir: &Path, script: &str, args: &[&str]) {

@@ -1,6 +1,6 @@
 //! handler/README.md's complete example, tried as a new user would: its
-//! Cargo.toml and src/lib.rs blocks, the dependency's path pointed at this
-//! repository's handler/, built offline as a new crate in a temporary
+//! Cargo.toml and src/lib.rs blocks, the dependency on the crate pointed at
+//! this repository's handler/ (as the README says to from a checkout), built offline as a new crate in a temporary
 //! directory outside the repository, loaded with the README's
 //! `thread_pool_process_by_rust` line, and called with the README's Lua
 //! lines, whose comments are the results it documents.
@@ -33,9 +33,25 @@ impl Drop for TempDir {
 
 /// The README's crate, built: its library.
 fn build(readme: &str, dir: &Path) -> PathBuf {
-    let toml = block(readme, "## A handler, complete", "toml").replace(
-        "/path/to/ngx_threadpool/handler",
-        &repo().join("handler").display().to_string(),
+    // the crates.io dependency as the README's prose says to write it
+    // from a checkout: this repository's handler/
+    let toml: String = block(readme, "## A handler, complete", "toml")
+        .lines()
+        .map(|l| {
+            if l.starts_with("ngx_threadpool_handler = ") {
+                format!(
+                    "ngx_threadpool_handler = {{ path = \"{}\" }}\n",
+                    repo().join("handler").display()
+                )
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert!(
+        readme.contains("ngx_threadpool_handler = { path = \"/path/to/ngx_threadpool/handler\" }")
+            && toml.contains(&repo().join("handler").display().to_string()),
+        "the README no longer says how to depend on a checkout:\n{toml}"
     );
     let lib = block(readme, "`src/lib.rs`:", "rust");
     std::fs::create_dir_all(dir.join("src")).unwrap();

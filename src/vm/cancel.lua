@@ -3,7 +3,7 @@
 -- (src/vm/cancel.rs). The event loop's library has the same cancelled(),
 -- which there always returns false, so that a handler shared with an
 -- inline fallback runs unchanged.
-local c_send, c_receive = ...
+local c_send, c_receive, version = ...
 local ffi = require "ffi"
 
 local C = ffi.C
@@ -16,7 +16,8 @@ ffi.cdef [[
 bool ngx_tp_task_cancelled(void) asm("ngx_threadpool_task_cancelled");
 ]]
 
-local _M = { _VERSION = "0.1.0" }
+-- the event loop's library's _VERSION: the project's (Cargo.toml)
+local _M = { _VERSION = version }
 
 -- true once the caller of the task this thread runs gave up (timeout,
 -- request gone, its batch timed out): the handler may stop; its result

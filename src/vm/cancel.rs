@@ -60,7 +60,7 @@ pub fn install(lua: &Lua) -> mlua::Result<()> {
     let module: mlua::Value = lua
         .load(include_str!("cancel.lua"))
         .set_name("=ngx_threadpool.threadpool")
-        .call((send, receive))?;
+        .call((send, receive, env!("CARGO_PKG_VERSION")))?;
     let preload: mlua::Table = lua
         .globals()
         .get::<mlua::Table>("package")?

@@ -1,12 +1,4 @@
-//! What the ngx_threadpool module and the crate its native handlers are
-//! written with (`ngx_threadpool_handler`) must agree on, declared once:
-//! the payload's limits, the numbers of the C ABI
-//! (`handler/include/ngx_threadpool.h`), and the error texts both sides
-//! give for values that cannot cross.
-//!
-//! The header states the ABI's numbers for C; the module checks them
-//! against these when it compiles (its `native/abi.rs`, through bindgen),
-//! so the two cannot drift apart.
+#![doc = include_str!("../README.md")]
 
 /// Deepest table nesting a payload holds (a top-level table is level 1):
 /// the header's `NGX_TP_MAX_DEPTH`.
