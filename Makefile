@@ -18,7 +18,7 @@ DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
 TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
 
-.PHONY: deps build test test-stress test-trixie test-forky test-openresty test-lua-releases deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test publish-check dist dist-check test-stress test-trixie test-forky test-openresty test-lua-releases deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -31,7 +31,35 @@ build: deps
 test: build
 	cargo test --release -- --test-threads=2
 	cargo test --release -p ngx_threadpool_handler -p waf-rust
-	@$(MAKE) --no-print-directory soak-test soak-short
+	@$(MAKE) --no-print-directory publish-check soak-test soak-short
+
+# The two crates as crates.io would take them: cargo packages wire/ and
+# handler/ and builds each package alone, the handler against the wire
+# package (cargo publish --dry-run: crates.io's index is read, nothing is
+# uploaded; --allow-dirty, so that uncommitted work can be checked). Into
+# target/package/; ~10 s once the crates.io dependencies are built.
+publish-check:
+	cargo publish --dry-run --allow-dirty -p ngx_threadpool_wire -p ngx_threadpool_handler
+
+# The source release: TARGET_DIR/dist/ngx_threadpool-VERSION.tar.gz, the
+# files of the commit checked out (git archive HEAD; uncommitted changes
+# are not in it), under ngx_threadpool-VERSION/. No crates are vendored:
+# Cargo.lock pins them and cargo fetches them at the build
+# (docs/installation.md, "From the source tarball").
+DIST = $(TARGET_DIR)/dist/ngx_threadpool-$(VERSION).tar.gz
+dist:
+	@mkdir -p $(dir $(DIST))
+	@git diff --quiet HEAD || echo "dist: uncommitted changes are not in the tarball (HEAD's files)" >&2
+	git archive --format=tar.gz --prefix=ngx_threadpool-$(VERSION)/ -o $(DIST) HEAD
+	@echo $(DIST)
+
+# The tarball built in a temporary directory as the README's Install
+# says (make build, make install with DESTDIR) and the module loaded by
+# nginx -t (tests/dist.sh). cargo's output is kept in TARGET_DIR/dist/cargo,
+# outside the unpacked tree: ~1.5 minutes once the crates are built there
+# (the module and its bindings are built every time), ~4 the first time.
+dist-check: dist
+	@TARBALL=$(DIST) VERSION=$(VERSION) CACHE=$(TARGET_DIR)/dist/cargo MAKE="$(MAKE)" tests/dist.sh
 
 # make test N times (5 by default) while two CPU-bound processes, started
 # and stopped with it, keep the cores busy: the suite's verdicts must not
@@ -93,8 +121,9 @@ LUA_RELEASE_PACKAGES := libpcre3-dev libnginx-mod-http-ndk-dev
 test-lua-releases: build
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(LUA_RELEASE_PACKAGES)"
 	LUA_RELEASES="$(LUA_RELEASES)" LUA_RELEASE_TESTS="$(LUA_RELEASE_TESTS)" matrix/lua-releases.sh
-# Every row, one after the other (.ci/run): the quick ones first.
-test-matrix: test test-lua-releases deb-test test-openresty test-trixie test-forky
+# Every row, one after the other (.ci/run): the quick ones first; the
+# source tarball after the host's suite.
+test-matrix: test dist-check test-lua-releases deb-test test-openresty test-trixie test-forky
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
 LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak
