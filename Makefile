@@ -41,21 +41,29 @@ test: build
 publish-check:
 	cargo publish --dry-run --allow-dirty -p ngx_threadpool_wire -p ngx_threadpool_handler
 
-# The source release: TARGET_DIR/dist/ngx_threadpool-VERSION.tar.gz, the
-# files of the commit checked out (git archive HEAD; uncommitted changes
-# are not in it), under ngx_threadpool-VERSION/. No crates are vendored:
-# Cargo.lock pins them and cargo fetches them at the build
-# (docs/installation.md, "From the source tarball").
+# The source release: TARGET_DIR/dist/ngx_threadpool-VERSION.tar.gz, under
+# ngx_threadpool-VERSION/: the files of the commit checked out (git
+# archive HEAD; uncommitted changes are not in it), and every crate
+# Cargo.lock names, vendored (cargo vendor: vendor/ and the
+# .cargo/config.toml that builds from it), so that it builds without
+# crates.io (docs/installation.md, "From the source tarball"). Made again
+# from scratch each time, with the commit's time on every file.
 DIST = $(TARGET_DIR)/dist/ngx_threadpool-$(VERSION).tar.gz
+DIST_STAGE = $(TARGET_DIR)/dist/stage
 dist:
-	@mkdir -p $(dir $(DIST))
 	@git diff --quiet HEAD || echo "dist: uncommitted changes are not in the tarball (HEAD's files)" >&2
-	git archive --format=tar.gz --prefix=ngx_threadpool-$(VERSION)/ -o $(DIST) HEAD
+	rm -rf $(DIST_STAGE) && mkdir -p $(DIST_STAGE)
+	git archive --prefix=ngx_threadpool-$(VERSION)/ HEAD | tar -x -C $(DIST_STAGE)
+	cd $(DIST_STAGE)/ngx_threadpool-$(VERSION) && mkdir .cargo && \
+		cargo vendor --locked vendor > .cargo/config.toml
+	tar -C $(DIST_STAGE) --sort=name --mtime=@$$(git log -1 --format=%ct) \
+		--owner=0 --group=0 --numeric-owner -c ngx_threadpool-$(VERSION) | gzip -n > $(DIST)
+	rm -rf $(DIST_STAGE)
 	@echo $(DIST)
 
 # The tarball built in a temporary directory as the README's Install
-# says (make build, make install with DESTDIR) and the module loaded by
-# nginx -t (tests/dist.sh). cargo's output is kept in TARGET_DIR/dist/cargo,
+# says (make build, make install with DESTDIR), offline (its vendored
+# crates only), and the module loaded by nginx -t (tests/dist.sh). cargo's output is kept in TARGET_DIR/dist/cargo,
 # outside the unpacked tree: ~1.5 minutes once the crates are built there
 # (the module and its bindings are built every time), ~4 the first time.
 dist-check: dist

@@ -2,7 +2,8 @@
 # make dist-check: the source tarball of `make dist`, unpacked into a
 # temporary directory and built there as the README's Install says for a
 # checkout (`make build`, then `make install`, staged with DESTDIR), with
-# nothing else: no git, no file of this checkout. Then the installed
+# nothing else: no git, no file of this checkout, no network for cargo
+# (CARGO_NET_OFFLINE: the tarball's vendored crates only). Then the installed
 # module is loaded by Debian's nginx after the lua module (`nginx -t` on
 # a configuration with a pool and its handler), and the build must have
 # left Cargo.lock as the tarball has it (every crate pinned) and written
@@ -30,7 +31,7 @@ src=$work/ngx_threadpool-$VERSION
 lock=$(sha256sum < "$src/Cargo.lock")
 
 echo "dist: building $TARBALL in $src (cargo's output in $CACHE)"
-export CARGO_TARGET_DIR=$CACHE
+export CARGO_TARGET_DIR=$CACHE CARGO_NET_OFFLINE=true
 "$make" -C "$src" --no-print-directory build
 "$make" -C "$src" --no-print-directory install DESTDIR="$work/root"
 
