@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make dist-check: the source tarball of `make dist`, unpacked into a
-# temporary directory and built there as the README's Install says for a
+# directory of its own and built there as the README's Install says for a
 # checkout (`make build`, then `make install`, staged with DESTDIR), with
 # nothing else: no git, no file of this checkout, no network for cargo
 # (CARGO_NET_OFFLINE: the tarball's vendored crates only). Then the installed
@@ -9,17 +9,31 @@
 # left Cargo.lock as the tarball has it (every crate pinned) and written
 # nothing into the unpacked tree.
 #
-# cargo's output goes to CACHE (a CARGO_TARGET_DIR outside the unpacked
-# tree, kept between runs: the crates of crates.io are built once). The
-# unpacked files get the time of the unpacking, not the commit's, so the
-# module and the crates of the tree are always built again from them.
+# It all happens under CACHE, NGX_TP_CACHE/dist (/var/cache/ngx-threadpool
+# /dist, outside the checkout, as the matrix rows keep theirs) where that
+# can be written, else FALLBACK (make gives TARGET_DIR/dist/cache): the
+# tarball is unpacked into CACHE/src, emptied before and removed after,
+# and cargo's output goes to CACHE/target, which is kept (CARGO_TARGET_DIR
+# outside the unpacked tree). The path stays the same from run to run, so
+# cargo reuses the vendored crates it built; the unpacked files get the
+# time of the unpacking, not the commit's, so the module and the crates of
+# the tree are always built again from them. One run at a time (flock).
 #
-#   TARBALL=target/dist/ngx_threadpool-V.tar.gz VERSION=V CACHE=DIR tests/dist.sh
+#   TARBALL=target/dist/ngx_threadpool-V.tar.gz VERSION=V FALLBACK=DIR tests/dist.sh
 set -euo pipefail
 
-: "${TARBALL:?}" "${VERSION:?}" "${CACHE:?}"
+: "${TARBALL:?}" "${VERSION:?}"
 make=${MAKE:-make}
-work=$(mktemp -d "${TMPDIR:-/tmp}/ngx_threadpool-dist-XXXXXX")
+cache=${NGX_TP_CACHE:-/var/cache/ngx-threadpool}/dist
+if ! { mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ]; }; then
+	cache=${FALLBACK:?}
+	mkdir -p "$cache"
+fi
+exec 9> "$cache/lock"
+flock 9
+work=$cache/src
+rm -rf "$work"
+mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 
 # --touch: the unpacking's time, so that cargo cannot take a file of an
@@ -30,8 +44,8 @@ src=$work/ngx_threadpool-$VERSION
 (cd "$src" && find . | sort) > "$work/files"
 lock=$(sha256sum < "$src/Cargo.lock")
 
-echo "dist: building $TARBALL in $src (cargo's output in $CACHE)"
-export CARGO_TARGET_DIR=$CACHE CARGO_NET_OFFLINE=true
+echo "dist: building $TARBALL in $src (cargo's output in $cache/target)"
+export CARGO_TARGET_DIR=$cache/target CARGO_NET_OFFLINE=true
 "$make" -C "$src" --no-print-directory build
 "$make" -C "$src" --no-print-directory install DESTDIR="$work/root"
 
