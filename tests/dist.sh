@@ -15,9 +15,10 @@
 # tarball is unpacked into CACHE/src, emptied before and removed after,
 # and cargo's output goes to CACHE/target, which is kept (CARGO_TARGET_DIR
 # outside the unpacked tree). The path stays the same from run to run, so
-# cargo reuses the vendored crates it built; the unpacked files get the
-# time of the unpacking, not the commit's, so the module and the crates of
-# the tree are always built again from them. One run at a time (flock).
+# cargo reuses the vendored crates it built (their files get one fixed
+# old time); the tree's own files get the time of the unpacking, not the
+# commit's, so the module and the crates of the tree are always built
+# again from them. One run at a time (flock).
 #
 #   TARBALL=target/dist/ngx_threadpool-V.tar.gz VERSION=V FALLBACK=DIR tests/dist.sh
 set -euo pipefail
@@ -36,11 +37,16 @@ rm -rf "$work"
 mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 
-# --touch: the unpacking's time, so that cargo cannot take a file of an
-# older commit for one it built already
-tar -xzf "$TARBALL" -C "$work" --touch
+tar -xzf "$TARBALL" -C "$work"
 src=$work/ngx_threadpool-$VERSION
 [ -f "$src/Makefile" ] || { echo "dist: no ngx_threadpool-$VERSION/Makefile in $TARBALL" >&2; exit 1; }
+# The tree's own files: the unpacking's time, so that cargo cannot take a
+# file of an older commit for one it built already. The vendored crates:
+# one fixed old time, so that their build scripts' rerun-if-changed never
+# fires (a crate's files are those of its version, whose checksum
+# Cargo.lock holds).
+find "$src" -path "$src/vendor" -prune -o -exec touch -h {} +
+find "$src/vendor" -exec touch -h -d @946684800 {} +
 (cd "$src" && find . | sort) > "$work/files"
 lock=$(sha256sum < "$src/Cargo.lock")
 
