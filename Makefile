@@ -52,6 +52,8 @@ DIST = $(TARGET_DIR)/dist/ngx_threadpool-$(VERSION).tar.gz
 DIST_STAGE = $(TARGET_DIR)/dist/stage
 dist:
 	@git diff --quiet HEAD || echo "dist: uncommitted changes are not in the tarball (HEAD's files)" >&2
+	@! grep -q '^repository = "https://github.com/OWNER/' Cargo.toml || \
+		echo "dist: the repository's OWNER is not filled in yet (docs/installation.md: Publishing a release)" >&2
 	rm -rf $(DIST_STAGE) && mkdir -p $(DIST_STAGE)
 	git archive --prefix=ngx_threadpool-$(VERSION)/ HEAD | tar -x -C $(DIST_STAGE)
 	cd $(DIST_STAGE)/ngx_threadpool-$(VERSION) && mkdir .cargo && \
