@@ -1,9 +1,10 @@
 //! handler/README.md's complete example, tried as a new user would: its
-//! Cargo.toml and src/lib.rs blocks, the dependency on the crate pointed at
-//! this repository's handler/ (as the README says to from a checkout), built offline as a new crate in a temporary
-//! directory outside the repository, loaded with the README's
-//! `thread_pool_process_by_rust` line, and called with the README's Lua
-//! lines, whose comments are the results it documents.
+//! Cargo.toml and src/lib.rs blocks, the dependency on the crate pointed
+//! at this repository's handler/ (as the README says to from a checkout),
+//! built offline as a new crate in a temporary directory outside the
+//! repository, loaded with the README's `thread_pool_process_by_rust`
+//! line, and called with the README's Lua lines, whose comments are the
+//! results it documents.
 
 mod common;
 
