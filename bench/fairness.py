@@ -473,6 +473,16 @@ def counter_sum(text, name):
                if line.startswith(name + "{"))
 
 
+def timeout_windows(starts, width_ms=100):
+    """How the timed-out requests' starts fall in windows of width_ms: the
+    windows that hold any, and the most in one (a host that stalled puts
+    many in few)."""
+    counts = {}
+    for t in starts:
+        counts[int(t // width_ms)] = counts.get(int(t // width_ms), 0) + 1
+    return dict(windows=len(counts), most=max(counts.values(), default=0))
+
+
 def overload_summary(classes, metrics, seen, secs):
     out = dict(client_lag_p99=pct(seen["lags"], 99), refused_cpu=seen["refused"],
                conns_at_start=seen["spread"])
@@ -488,7 +498,8 @@ def overload_summary(classes, metrics, seen, secs):
                       late_pct=share(answered.get("504", 0)),
                       per_sec=s["served"] / secs, p50=pct(ok, 50), p99=pct(ok, 99),
                       refused_p50=pct(refused, 50), refused_p99=pct(refused, 99),
-                      connect_p50=pct(s["connect"], 50), connect_p99=pct(s["connect"], 99))
+                      connect_p50=pct(s["connect"], 50), connect_p99=pct(s["connect"], 99),
+                      timeout_windows=timeout_windows(s.get("timed_out_at", [])))
     for key in ("overloaded", "expired", "rejected", "timed_out", "cancelled",
                 "completed"):
         out[key] = counter_sum(metrics, f"ngx_threadpool_tasks_{key}_total")
@@ -509,12 +520,14 @@ def measure_overload(plan, keepalive):
                             **spread, **options)
                 log(f"overload {spread_name}, {policy}: {slots} slots ({load}x), "
                     f"{plan['secs']}s, keepalive {keepalive}")
+                load_avg = os.getloadavg()[0]
                 with Nginx(mode, "sim", make_images()) as ngx:
                     res = overload_cell(ngx.port, slots, plan["secs"],
                                         plan["timeout_ms"], keepalive)
                 r = overload_summary(*res, plan["secs"])
                 r.update(spread=spread_name, policy=policy, load=load, slots=slots,
-                         keepalive=keepalive, timeout_ms=plan["timeout_ms"])
+                         keepalive=keepalive, timeout_ms=plan["timeout_ms"],
+                         load_avg=load_avg)
                 log(f"  thumbs/s {r['thumb']['per_sec']:.0f}, thumb timeouts "
                     f"{r['thumb']['timeout_pct']:.2f}%, refused "
                     f"{r['thumb']['refused_pct']:.1f}%, static timeouts "

@@ -336,14 +336,22 @@ def overload_table(rows, capacity, conns=False):
 def overload_time_table(rows):
     """Where a thumbnail's time goes before nginx sees it, and what a
     refusal costs the event loop."""
-    out = ["| load (slots) | spread | policy | thumb timeouts | thumb connect p50/p99 ms "
+    out = ["| load (slots) | connections | spread | policy | thumb timeouts "
+           "| in 100 ms windows: windows / most in one | host load average "
+           "| thumb connect p50/p99 ms "
            "| client lag p99 ms | refusals (503) | < 100 µs / < 1 ms / ≥ 1 ms of event-loop CPU |",
-           "|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, ref = r["thumb"], r.get("refused_cpu") or {}
+        win = t.get("timeout_windows")
+        win = f"{win['windows']} / {win['most']}" if win and t["timeouts"] else "-"
+        load = r.get("load_avg")
         out.append(
-            f"| {r['load']}x ({r['slots']}) | {r['spread']} | {r['policy']} "
-            f"| {pct2(t['timeout_pct'])} | {ms(t.get('connect_p50'))}/{ms(t.get('connect_p99'))} "
+            f"| {r['load']}x ({r['slots']}) | {'keep-alive' if r['keepalive'] else 'new'} "
+            f"| {r['spread']} | {r['policy']} "
+            f"| {pct2(t['timeout_pct'])} ({t['timeouts']}) | {win} "
+            f"| {'-' if load is None else f'{load:.1f}'} "
+            f"| {ms(t.get('connect_p50'))}/{ms(t.get('connect_p99'))} "
             f"| {ms(r.get('client_lag_p99'))} | {ref.get('refused', 0)} "
             f"| {ref.get('refused<100us', 0)} / {ref.get('refused<1ms', 0)} "
             f"/ {ref.get('refused>=1ms', 0)} |")
@@ -451,7 +459,13 @@ def write_overload(meta, results):
         "request. A task that expired in the queue is answered \"overloaded\" too, "
         "after its call waited: the event loop's CPU over that wait (other "
         "requests' work) puts it at ≥ 1 ms, so that column counts the expired "
-        "(the server's `expired`), and the refusals at the push are the others.",
+        "(the server's `expired`), and the refusals at the push are the others. "
+        "Thumb timeouts: their share (their number); in 100 ms windows: over how "
+        "many 100 ms windows of the run the timed-out requests started, and the "
+        "most in one (a host that stalls puts many in few windows, a deadline too "
+        "long for the time around the push spreads them); host load average: "
+        "the machine's 1-minute load average as the cell started, other users' "
+        "work included.",
         "",
         overload_time_table(new + kept),
         "",

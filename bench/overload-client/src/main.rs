@@ -40,6 +40,9 @@ struct Class {
     errors: u64,
     connect: Vec<f64>,
     served: u64,
+    /// When each timed-out request started, in ms from the run's start:
+    /// whether timeouts come together (the host stalled) or spread out.
+    timed_out_at: Vec<f64>,
 }
 
 #[derive(Default)]
@@ -54,6 +57,7 @@ struct Run {
     until: OnceLock<Instant>,
     timeout: Duration,
     keepalive: bool,
+    secs: u64,
     /// Keep-alive storms: slots per worker, in the order workers are first
     /// seen, and the (pid, connections) taken so far.
     quotas: Vec<u64>,
@@ -260,7 +264,13 @@ fn slot(run: &Run, seed: u64) -> Seen {
             }
             Err(failed) => {
                 match failed {
-                    Failed::Timeout => class.timeouts += 1,
+                    Failed::Timeout => {
+                        class.timeouts += 1;
+                        let start = until - Duration::from_secs(run.secs);
+                        class
+                            .timed_out_at
+                            .push(ms(t0.saturating_duration_since(start)));
+                    }
                     Failed::Error => class.errors += 1,
                 }
                 conn = None;
@@ -278,6 +288,7 @@ fn merge(into: &mut Class, from: Class) {
     into.errors += from.errors;
     into.connect.extend(from.connect);
     into.served += from.served;
+    into.timed_out_at.extend(from.timed_out_at);
 }
 
 fn list(out: &mut String, xs: &[f64]) {
@@ -300,6 +311,8 @@ fn class_json(out: &mut String, c: &Class) {
         c.timeouts, c.errors, c.served
     );
     list(out, &c.connect);
+    out.push_str(",\"timed_out_at\":");
+    list(out, &c.timed_out_at);
     out.push('}');
 }
 
@@ -332,6 +345,7 @@ fn main() {
         until: OnceLock::new(),
         timeout: Duration::from_millis(timeout_ms),
         keepalive: keepalive != 0,
+        secs,
         quotas,
         taken: Mutex::new(Vec::new()),
         opened: Barrier::new(slots as usize + 1),
