@@ -480,7 +480,8 @@ def timeout_windows(starts, width_ms=100):
     counts = {}
     for t in starts:
         counts[int(t // width_ms)] = counts.get(int(t // width_ms), 0) + 1
-    return dict(windows=len(counts), most=max(counts.values(), default=0))
+    return dict(windows=len(counts), most=max(counts.values(), default=0),
+                at_ms=[w * width_ms for w in sorted(counts)][:20])
 
 
 def overload_summary(classes, metrics, seen, secs):
@@ -506,9 +507,10 @@ def overload_summary(classes, metrics, seen, secs):
     return out
 
 
-def measure_overload(plan, keepalive):
+def measure_overload(plan, keepalive, wanted=None):
     """Every spread and policy at every load (one round: the cells of a
-    load run back to back)."""
+    load run back to back); with `wanted(keepalive, spread, policy, load)`,
+    only the cells it accepts."""
     results = []
     loads = plan["ka_loads"] if keepalive else plan["loads"]
     threads = OVERLOAD_WORKERS * OVERLOAD_THREADS
@@ -516,6 +518,8 @@ def measure_overload(plan, keepalive):
         slots = round(load * threads)
         for spread_name, spread in OVERLOAD_SPREADS.items():
             for policy, options in OVERLOAD_POLICIES.items():
+                if wanted and not wanted(keepalive, spread_name, policy, load):
+                    continue
                 mode = dict(workers=OVERLOAD_WORKERS, threads=OVERLOAD_THREADS,
                             **spread, **options)
                 log(f"overload {spread_name}, {policy}: {slots} slots ({load}x), "
@@ -542,6 +546,22 @@ def overload(quick, secs, part=None):
         plan["secs"] = secs
     load_before = os.getloadavg()
     results = []
+    if part == "targets":
+        # the target cells again, as a further round beside the last run's
+        data = json.loads((OUT / "overload.json").read_text())
+        sys.path.insert(0, str(BENCH))
+        import fairness_report
+        rnd = 1 + max(r.get("round", 0) for r in data["results"])
+        for keepalive in (False, True):
+            for r in measure_overload(plan, keepalive, fairness_report.is_target):
+                r["round"] = rnd
+                data["results"].append(r)
+        data["meta"].setdefault("rounds_at", {})[str(rnd)] = dict(
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            load_before=load_before, load_avg=os.getloadavg())
+        (OUT / "overload.json").write_text(json.dumps(data, indent=1))
+        fairness_report.write_overload(data["meta"], data["results"])
+        return
     if part in (None, "new"):
         results += measure_overload(plan, keepalive=False)
     if part in (None, "keepalive"):
@@ -570,9 +590,10 @@ def main():
                     help="only the overload cells")
     ap.add_argument("--secs", type=int, default=0,
                     help="seconds per overload cell (default: the plan's)")
-    ap.add_argument("--part", choices=("new", "keepalive"),
+    ap.add_argument("--part", choices=("new", "keepalive", "targets"),
                     help="with --overload: only these cells, the others kept "
-                         "from bench/out/overload.json")
+                         "from bench/out/overload.json (targets: the target "
+                         "cells once more, as a further round)")
     args = ap.parse_args()
     quick = args.quick or os.environ.get("QUICK") not in (None, "", "0")
     plan = PLANS["quick" if quick else "full"]

@@ -344,7 +344,9 @@ def overload_time_table(rows):
     for r in rows:
         t, ref = r["thumb"], r.get("refused_cpu") or {}
         win = t.get("timeout_windows")
-        win = f"{win['windows']} / {win['most']}" if win and t["timeouts"] else "-"
+        win = (f"{win['windows']} / {win['most']}"
+               + (f" (at {', '.join(str(a) for a in win['at_ms'][:5])} ms)" if win.get("at_ms") else "")
+               if win and t["timeouts"] else "-")
         load = r.get("load_avg")
         out.append(
             f"| {r['load']}x ({r['slots']}) | {'keep-alive' if r['keepalive'] else 'new'} "
@@ -372,16 +374,30 @@ OVERLOAD_TARGETS = [
 ]
 
 
+def target_of(keepalive, spread, policy, load):
+    """The share of the capacity a cell must serve (0: none set), or None
+    when the cell has no target."""
+    for ka, pol, min_load, share in OVERLOAD_TARGETS:
+        if (ka == keepalive and pol == policy and load >= min_load
+                and (keepalive or spread == "gate")):
+            return share or 0
+    return None
+
+
+def is_target(keepalive, spread, policy, load):
+    return target_of(keepalive, spread, policy, load) is not None
+
+
 def overload_targets(rows, capacity):
     """The issue's targets: no thumbnail or static timeouts, and where one is
-    set, the share of the capacity served."""
-    out = ["| connections | spread | policy | load | thumb timeouts | static timeouts "
+    set, the share of the capacity served; every round of a target cell."""
+    out = ["| connections | spread | policy | load | round | thumb timeouts | static timeouts "
            "| thumbs/s (% of capacity) | target | met |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for keepalive, policy, min_load, share in OVERLOAD_TARGETS:
-        for r in rows:
-            if (r["keepalive"] != keepalive or r["policy"] != policy or r["load"] < min_load
-                    or (not keepalive and r["spread"] != "gate")):
+        for r in sorted(rows, key=lambda r: (r["load"], r["spread"], r.get("round", 0))):
+            if (r["keepalive"] != keepalive or r["policy"] != policy
+                    or target_of(keepalive, r["spread"], policy, r["load"]) is None):
                 continue
             t, st = r["thumb"], r["static"]
             met = (t["timeout_pct"] == 0 and st["timeout_pct"] == 0
@@ -390,6 +406,7 @@ def overload_targets(rows, capacity):
             conns = ("keep-alive, " + "/".join(map(str, r.get("conns_at_start") or []))
                      if keepalive else "new per request")
             out.append(f"| {conns} | {r['spread']} | {policy} | {r['load']}x "
+                       f"| {r.get('round', 0) + 1} "
                        f"| {pct2(t['timeout_pct'])} | {pct2(st['timeout_pct'])} "
                        f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
                        f"| {target} | {'yes' if met else 'no'} |")
@@ -398,13 +415,19 @@ def overload_targets(rows, capacity):
 
 def write_overload(meta, results):
     capacity = meta["workers"] * meta["threads"] * 1000 / meta["service_ms"]
-    new = [r for r in results if not r["keepalive"]]
-    kept = [r for r in results if r["keepalive"]]
+    first = [r for r in results if not r.get("round")]
+    new = [r for r in first if not r["keepalive"]]
+    kept = [r for r in first if r["keepalive"]]
+    again = [r for r in results if r.get("round")]
     parts = [
         "# Overload: deadline-aware admission against the defaults",
         "",
         f"Written by `make fairness` (or `bench/fairness.py --overload`; {run_of(meta)}). "
-        f"One round of {meta['secs']} s per cell. Raw numbers: `bench/out/overload.json`.",
+        f"One round of {meta['secs']} s per cell. Raw numbers: `bench/out/overload.json`."
+        + "".join(f" Round {int(k) + 1} of the target cells (`--part targets`): {v['date']}, "
+                  f"load average {', '.join(f'{x:.1f}' for x in v['load_before'])} before, "
+                  f"{', '.join(f'{x:.1f}' for x in v['load_avg'])} after."
+                  for k, v in sorted(meta.get("rounds_at", {}).items())),
         "",
         f"{meta['workers']} workers x {meta['threads']} threads; the task sleeps "
         f"{meta['service_ms']} ms (capacity {capacity:.0f} tasks/s). N closed-loop "
@@ -426,7 +449,7 @@ def write_overload(meta, results):
         "With only a deadline: 0.45 s from the push, or from the request's start. "
         "Keep-alive rows: the connections each worker held when the storm started.",
         "",
-        overload_targets(new + kept, capacity),
+        overload_targets(new + kept + again, capacity),
         "",
         "## A new connection per request",
         "",
@@ -462,8 +485,10 @@ def write_overload(meta, results):
         "(the server's `expired`), and the refusals at the push are the others. "
         "Thumb timeouts: their share (their number); in 100 ms windows: over how "
         "many 100 ms windows of the run the timed-out requests started, and the "
-        "most in one (a host that stalls puts many in few windows, a deadline too "
-        "long for the time around the push spreads them); host load average: "
+        "most in one, and when the first windows began from the cell's start (a "
+        "host that stalls puts many in few windows, a deadline too long for the "
+        "time around the push spreads them, a burst admitted at the start sits in "
+        "the first 500 ms); host load average: "
         "the machine's 1-minute load average as the cell started, other users' "
         "work included.",
         "",
