@@ -16,9 +16,13 @@ Overload cells (also alone: --overload; writes bench/OVERLOAD.md and
 bench/out/overload.json): the simulated task behind the gate or reuseport,
 under N closed-loop slots, each request a thumbnail with probability 0.5 and
 a static page otherwise, at loads of 5 to 20 requests waiting on the pool
-per thread; defaults against a deadline only against a deadline and a tuned
-max_queue. Their client is bench/overload-client (a thread per slot, blocking
-sockets), so that its own lateness stays out of the times it measures.
+per thread; defaults against a deadline from the push (push_task_timeout),
+one from the request's start (push_task_until(ngx.req.start_time() + s)) and
+a deadline with a tuned max_queue. Their client is bench/overload-client (a
+thread per slot, blocking sockets), so that its own lateness stays out of
+the times it measures. Keep-alive cells open every connection before the
+storm, spread unevenly over the workers (OVERLOAD_KA_SHARES). --part new or
+--part keepalive runs one half again and keeps the other's results.
 """
 
 import argparse
@@ -86,8 +90,14 @@ PLANS = {
 OVERLOAD_POLICIES = {
     "defaults": dict(),
     "deadline": dict(timeout=0.45),
+    # the same 0.45 s, counted from the request's start
+    "request deadline": dict(until=0.45),
     "deadline + max_queue=48": dict(timeout=0.45, max_queue=48),
 }
+# Keep-alive cells: the share of the connections each worker holds when
+# the storm starts (the client opens them first, keeping a connection only
+# on a worker whose share is not full): 4 workers, 40 % on the first.
+OVERLOAD_KA_SHARES = (40, 30, 20, 10)
 OVERLOAD_SPREADS = {
     "gate": dict(http="thread_pool_accept_gate on;"),
     "reuseport": dict(listen="reuseport"),
@@ -95,7 +105,8 @@ OVERLOAD_SPREADS = {
 OVERLOAD_PLANS = {
     # loads: requests waiting on the pool per thread (slots / 24: a static
     # request returns at once, so nearly every slot waits on a thumbnail)
-    "full": dict(loads=(5, 10, 13.3, 20), ka_loads=(10, 20), secs=10, timeout_ms=500),
+    "full": dict(loads=(5, 10, 13.3, 20), ka_loads=(5, 10, 13.3, 20), secs=10,
+                 timeout_ms=500),
     "quick": dict(loads=(10, 20), ka_loads=(20,), secs=3, timeout_ms=500),
 }
 OVERLOAD_THREADS = 6
@@ -134,6 +145,8 @@ http {
     }
     @HANDLER@
     # Connections accepted per worker: the first request of each.
+    # keep-alive storms: more requests on a connection than a run makes
+    keepalive_requests 10000000;
     log_by_lua_block {
         if ngx.var.connection_requests == "1" and ngx.var.uri ~= "/stats" then
             ngx.shared.fairness:incr("acc:" .. ngx.worker.id(), 1, 0)
@@ -142,6 +155,7 @@ http {
     server {
         listen 127.0.0.1:@PORT@ backlog=4096 @LISTEN@;
         location = /static { return 200 "static\n"; }
+        location = /whoami { return 200 $pid; }
         location = /task {
             content_by_lua_block {
                 local dict = ngx.shared.fairness
@@ -232,7 +246,10 @@ class Nginx:
             handler = ('thread_pool_process_by_lua work "'
                        + task["chunk"].replace('"', '\\"') + '";')
             push = "require('resty.threadpool').work:"
-            if mode.get("timeout"):
+            if mode.get("until"):
+                call = push + (f"push_task_until(ngx.req.start_time() + {mode['until']}, "
+                               f"{task['arg']})")
+            elif mode.get("timeout"):
                 call = push + f"push_task_timeout({mode['timeout']}, {task['arg']})"
             else:
                 call = push + f"push_task({task['arg']})"
@@ -436,15 +453,18 @@ OVERLOAD_CLIENT = procs.RELEASE_DIR / "overload-client"
 
 
 def overload_cell(port, slots, secs, timeout_ms, keepalive):
-    out = subprocess.run([str(OVERLOAD_CLIENT), str(port), str(slots), str(secs),
-                          str(timeout_ms), str(int(keepalive))],
-                         check=True, capture_output=True, text=True).stdout
+    args = [str(OVERLOAD_CLIENT), str(port), str(slots), str(secs),
+            str(timeout_ms), str(int(keepalive))]
+    if keepalive:
+        args.append(",".join(map(str, OVERLOAD_KA_SHARES)))
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     seen = json.loads(out)
     classes = {c: dict(seen[c], lat={int(k): v for k, v in seen[c]["lat"].items()})
                for c in ("static", "thumb")}
     metrics = asyncio.run(get(port, "/metrics", 5.0)).decode()
     refused = json.loads(asyncio.run(get(port, "/stats", 5.0)))["refused"]
-    return classes, metrics, dict(lags=seen["lags"], refused=refused)
+    return classes, metrics, dict(lags=seen["lags"], refused=refused,
+                                  spread=seen.get("spread", []))
 
 
 def counter_sum(text, name):
@@ -453,8 +473,20 @@ def counter_sum(text, name):
                if line.startswith(name + "{"))
 
 
+def timeout_windows(starts, width_ms=100):
+    """How the timed-out requests' starts fall in windows of width_ms: the
+    windows that hold any, and the most in one (a host that stalled puts
+    many in few)."""
+    counts = {}
+    for t in starts:
+        counts[int(t // width_ms)] = counts.get(int(t // width_ms), 0) + 1
+    return dict(windows=len(counts), most=max(counts.values(), default=0),
+                at_ms=[w * width_ms for w in sorted(counts)][:20])
+
+
 def overload_summary(classes, metrics, seen, secs):
-    out = dict(client_lag_p99=pct(seen["lags"], 99), refused_cpu=seen["refused"])
+    out = dict(client_lag_p99=pct(seen["lags"], 99), refused_cpu=seen["refused"],
+               conns_at_start=seen["spread"])
     for c, s in classes.items():
         answered = {str(k): len(v) for k, v in s["lat"].items()}
         total = sum(answered.values()) + s["timeouts"] + s["errors"]
@@ -467,16 +499,18 @@ def overload_summary(classes, metrics, seen, secs):
                       late_pct=share(answered.get("504", 0)),
                       per_sec=s["served"] / secs, p50=pct(ok, 50), p99=pct(ok, 99),
                       refused_p50=pct(refused, 50), refused_p99=pct(refused, 99),
-                      connect_p50=pct(s["connect"], 50), connect_p99=pct(s["connect"], 99))
+                      connect_p50=pct(s["connect"], 50), connect_p99=pct(s["connect"], 99),
+                      timeout_windows=timeout_windows(s.get("timed_out_at", [])))
     for key in ("overloaded", "expired", "rejected", "timed_out", "cancelled",
                 "completed"):
         out[key] = counter_sum(metrics, f"ngx_threadpool_tasks_{key}_total")
     return out
 
 
-def measure_overload(plan, keepalive):
+def measure_overload(plan, keepalive, wanted=None):
     """Every spread and policy at every load (one round: the cells of a
-    load run back to back)."""
+    load run back to back); with `wanted(keepalive, spread, policy, load)`,
+    only the cells it accepts."""
     results = []
     loads = plan["ka_loads"] if keepalive else plan["loads"]
     threads = OVERLOAD_WORKERS * OVERLOAD_THREADS
@@ -484,16 +518,20 @@ def measure_overload(plan, keepalive):
         slots = round(load * threads)
         for spread_name, spread in OVERLOAD_SPREADS.items():
             for policy, options in OVERLOAD_POLICIES.items():
+                if wanted and not wanted(keepalive, spread_name, policy, load):
+                    continue
                 mode = dict(workers=OVERLOAD_WORKERS, threads=OVERLOAD_THREADS,
                             **spread, **options)
                 log(f"overload {spread_name}, {policy}: {slots} slots ({load}x), "
                     f"{plan['secs']}s, keepalive {keepalive}")
+                load_avg = os.getloadavg()[0]
                 with Nginx(mode, "sim", make_images()) as ngx:
                     res = overload_cell(ngx.port, slots, plan["secs"],
                                         plan["timeout_ms"], keepalive)
                 r = overload_summary(*res, plan["secs"])
                 r.update(spread=spread_name, policy=policy, load=load, slots=slots,
-                         keepalive=keepalive, timeout_ms=plan["timeout_ms"])
+                         keepalive=keepalive, timeout_ms=plan["timeout_ms"],
+                         load_avg=load_avg)
                 log(f"  thumbs/s {r['thumb']['per_sec']:.0f}, thumb timeouts "
                     f"{r['thumb']['timeout_pct']:.2f}%, refused "
                     f"{r['thumb']['refused_pct']:.1f}%, static timeouts "
@@ -502,13 +540,37 @@ def measure_overload(plan, keepalive):
     return results
 
 
-def overload(quick, secs):
+def overload(quick, secs, part=None):
     plan = dict(OVERLOAD_PLANS["quick" if quick else "full"])
     if secs:
         plan["secs"] = secs
     load_before = os.getloadavg()
-    results = measure_overload(plan, keepalive=False)
-    results += measure_overload(plan, keepalive=True)
+    results = []
+    if part == "targets":
+        # the target cells again, as a further round beside the last run's
+        data = json.loads((OUT / "overload.json").read_text())
+        sys.path.insert(0, str(BENCH))
+        import fairness_report
+        rnd = 1 + max(r.get("round", 0) for r in data["results"])
+        for keepalive in (False, True):
+            for r in measure_overload(plan, keepalive, fairness_report.is_target):
+                r["round"] = rnd
+                data["results"].append(r)
+        data["meta"].setdefault("rounds_at", {})[str(rnd)] = dict(
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            load_before=load_before, load_avg=os.getloadavg())
+        (OUT / "overload.json").write_text(json.dumps(data, indent=1))
+        fairness_report.write_overload(data["meta"], data["results"])
+        return
+    if part in (None, "new"):
+        results += measure_overload(plan, keepalive=False)
+    if part in (None, "keepalive"):
+        results += measure_overload(plan, keepalive=True)
+    if part:
+        # the other half from the last run
+        kept = json.loads((OUT / "overload.json").read_text())["results"]
+        results += [r for r in kept if r["keepalive"] != (part == "keepalive")]
+        results.sort(key=lambda r: r["keepalive"])
     meta = dict(quick=quick, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 cpus=os.cpu_count(), kernel=platform.release(),
                 load_before=load_before, load_avg=os.getloadavg(),
@@ -528,12 +590,16 @@ def main():
                     help="only the overload cells")
     ap.add_argument("--secs", type=int, default=0,
                     help="seconds per overload cell (default: the plan's)")
+    ap.add_argument("--part", choices=("new", "keepalive", "targets"),
+                    help="with --overload: only these cells, the others kept "
+                         "from bench/out/overload.json (targets: the target "
+                         "cells once more, as a further round)")
     args = ap.parse_args()
     quick = args.quick or os.environ.get("QUICK") not in (None, "", "0")
     plan = PLANS["quick" if quick else "full"]
     OUT.mkdir(exist_ok=True)
     if args.overload:
-        overload(quick, args.secs)
+        overload(quick, args.secs, args.part)
         return
     images = make_images()
     load_before = os.getloadavg()

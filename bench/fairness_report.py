@@ -310,15 +310,20 @@ def write(meta, results):
     (BENCH / "FAIRNESS.md").write_text("\n".join(parts))
 
 
-def overload_table(rows, capacity):
-    out = ["| load (slots) | spread | policy | thumb timeouts | thumbs answered 503 / 504 "
+def overload_table(rows, capacity, conns=False):
+    """With conns, a column of the connections each worker held when the
+    storm started (keep-alive cells)."""
+    head = "| connections per worker at the start " if conns else ""
+    out = ["| load (slots) | spread | policy " + head + "| thumb timeouts "
+           "| thumbs answered 503 / 504 "
            "| thumbs/s (% of capacity) | thumb 200 p50/p99 ms | static timeouts "
            "| static p99 ms | 503 p50/p99 ms | overloaded / expired / queue full (server) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|" + ("---|" if conns else "") + "---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, st = r["thumb"], r["static"]
+        col = f"| {'/'.join(map(str, r.get('conns_at_start') or [])) or '-'} " if conns else ""
         out.append(
-            f"| {r['load']}x ({r['slots']}) | {r['spread']} | {r['policy']} "
+            f"| {r['load']}x ({r['slots']}) | {r['spread']} | {r['policy']} {col}"
             f"| {pct2(t['timeout_pct'])} | {t['refused_pct']:.1f} % / {t['late_pct']:.1f} % "
             f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
             f"| {ms(t['p50'])}/{ms(t['p99'])} "
@@ -331,46 +336,98 @@ def overload_table(rows, capacity):
 def overload_time_table(rows):
     """Where a thumbnail's time goes before nginx sees it, and what a
     refusal costs the event loop."""
-    out = ["| load (slots) | spread | policy | thumb timeouts | thumb connect p50/p99 ms "
+    out = ["| load (slots) | connections | spread | policy | thumb timeouts "
+           "| in 100 ms windows: windows / most in one | host load average "
+           "| thumb connect p50/p99 ms "
            "| client lag p99 ms | refusals (503) | < 100 µs / < 1 ms / ≥ 1 ms of event-loop CPU |",
-           "|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, ref = r["thumb"], r.get("refused_cpu") or {}
+        win = t.get("timeout_windows")
+        win = (f"{win['windows']} / {win['most']}"
+               + (f" (at {', '.join(str(a) for a in win['at_ms'][:5])} ms)" if win.get("at_ms") else "")
+               if win and t["timeouts"] else "-")
+        load = r.get("load_avg")
         out.append(
-            f"| {r['load']}x ({r['slots']}) | {r['spread']} | {r['policy']} "
-            f"| {pct2(t['timeout_pct'])} | {ms(t.get('connect_p50'))}/{ms(t.get('connect_p99'))} "
+            f"| {r['load']}x ({r['slots']}) | {'keep-alive' if r['keepalive'] else 'new'} "
+            f"| {r['spread']} | {r['policy']} "
+            f"| {pct2(t['timeout_pct'])} ({t['timeouts']}) | {win} "
+            f"| {'-' if load is None else f'{load:.1f}'} "
+            f"| {ms(t.get('connect_p50'))}/{ms(t.get('connect_p99'))} "
             f"| {ms(r.get('client_lag_p99'))} | {ref.get('refused', 0)} "
             f"| {ref.get('refused<100us', 0)} / {ref.get('refused<1ms', 0)} "
             f"/ {ref.get('refused>=1ms', 0)} |")
     return "\n".join(out)
 
 
+# The targets, by connections and policy: the loads they hold at, and the
+# share of the capacity to serve (None: none set). A new connection per
+# request behind the gate: a deadline from the push (>= 90 %), one from the
+# request's start (>= 95 %), at 10x and above. Keep-alive connections spread
+# unevenly before the storm: no timeouts at 5x to 20x with either deadline,
+# whatever the spread, behind the gate or reuseport.
+OVERLOAD_TARGETS = [
+    (False, "deadline", 10, 0.90),
+    (False, "request deadline", 10, 0.95),
+    (True, "deadline", 5, None),
+    (True, "request deadline", 5, None),
+]
+
+
+def target_of(keepalive, spread, policy, load):
+    """The share of the capacity a cell must serve (0: none set), or None
+    when the cell has no target."""
+    for ka, pol, min_load, share in OVERLOAD_TARGETS:
+        if (ka == keepalive and pol == policy and load >= min_load
+                and (keepalive or spread == "gate")):
+            return share or 0
+    return None
+
+
+def is_target(keepalive, spread, policy, load):
+    return target_of(keepalive, spread, policy, load) is not None
+
+
 def overload_targets(rows, capacity):
-    """The issue's targets: with only a deadline, behind the gate, at 10x and
-    above: no thumbnail or static timeouts, >= 90 % of capacity served."""
-    out = ["| load | thumb timeouts | static timeouts | thumbs/s (≥ 90 % of capacity) | met |",
-           "|---|---|---|---|---|"]
-    for r in rows:
-        if r["spread"] != "gate" or r["policy"] != "deadline" or r["load"] < 10:
-            continue
-        t, st = r["thumb"], r["static"]
-        met = (t["timeout_pct"] == 0 and st["timeout_pct"] == 0
-               and t["per_sec"] >= 0.9 * capacity)
-        out.append(f"| {r['load']}x | {pct2(t['timeout_pct'])} | {pct2(st['timeout_pct'])} "
-                   f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
-                   f"| {'yes' if met else 'no'} |")
+    """The issue's targets: no thumbnail or static timeouts, and where one is
+    set, the share of the capacity served; every round of a target cell."""
+    out = ["| connections | spread | policy | load | round | thumb timeouts | static timeouts "
+           "| thumbs/s (% of capacity) | target | met |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for keepalive, policy, min_load, share in OVERLOAD_TARGETS:
+        for r in sorted(rows, key=lambda r: (r["load"], r["spread"], r.get("round", 0))):
+            if (r["keepalive"] != keepalive or r["policy"] != policy
+                    or target_of(keepalive, r["spread"], policy, r["load"]) is None):
+                continue
+            t, st = r["thumb"], r["static"]
+            met = (t["timeout_pct"] == 0 and st["timeout_pct"] == 0
+                   and (share is None or t["per_sec"] >= share * capacity))
+            target = "0 % timeouts" + (f", ≥ {100 * share:.0f} %" if share else "")
+            conns = ("keep-alive, " + "/".join(map(str, r.get("conns_at_start") or []))
+                     if keepalive else "new per request")
+            out.append(f"| {conns} | {r['spread']} | {policy} | {r['load']}x "
+                       f"| {r.get('round', 0) + 1} "
+                       f"| {pct2(t['timeout_pct'])} | {pct2(st['timeout_pct'])} "
+                       f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
+                       f"| {target} | {'yes' if met else 'no'} |")
     return "\n".join(out)
 
 
 def write_overload(meta, results):
     capacity = meta["workers"] * meta["threads"] * 1000 / meta["service_ms"]
-    new = [r for r in results if not r["keepalive"]]
-    kept = [r for r in results if r["keepalive"]]
+    first = [r for r in results if not r.get("round")]
+    new = [r for r in first if not r["keepalive"]]
+    kept = [r for r in first if r["keepalive"]]
+    again = [r for r in results if r.get("round")]
     parts = [
         "# Overload: deadline-aware admission against the defaults",
         "",
         f"Written by `make fairness` (or `bench/fairness.py --overload`; {run_of(meta)}). "
-        f"One round of {meta['secs']} s per cell. Raw numbers: `bench/out/overload.json`.",
+        f"One round of {meta['secs']} s per cell. Raw numbers: `bench/out/overload.json`."
+        + "".join(f" Round {int(k) + 1} of the target cells (`--part targets`): {v['date']}, "
+                  f"load average {', '.join(f'{x:.1f}' for x in v['load_before'])} before, "
+                  f"{', '.join(f'{x:.1f}' for x in v['load_avg'])} after."
+                  for k, v in sorted(meta.get("rounds_at", {}).items())),
         "",
         f"{meta['workers']} workers x {meta['threads']} threads; the task sleeps "
         f"{meta['service_ms']} ms (capacity {capacity:.0f} tasks/s). N closed-loop "
@@ -379,37 +436,61 @@ def write_overload(meta, results):
         "connection. The load is the number of requests waiting on the pool per "
         "thread, N / 24: a static request returns at once, so nearly every slot "
         "waits on a thumbnail. Policies: `defaults` (push_task, max_queue 65536), "
-        "`deadline` (push_task_timeout(0.45) and nothing else), `deadline + "
+        "`deadline` (push_task_timeout(0.45) and nothing else: 0.45 s from the push), "
+        "`request deadline` (push_task_until(ngx.req.start_time() + 0.45): 0.45 s "
+        "from the request's start), `deadline + "
         "max_queue=48`; a refusal (\"overloaded\", \"queue full\") is answered 503, "
         "a timeout 504. Times are the client's, from the start of its connect: "
         "thumb 200, to a thumbnail; 503, to a refusal. The client is "
         "bench/overload-client: a thread per slot, blocking sockets.",
         "",
-        "## Targets (only a deadline, behind the gate)",
+        "## Targets",
         "",
-        overload_targets(new, capacity),
+        "With only a deadline: 0.45 s from the push, or from the request's start. "
+        "Keep-alive rows: the connections each worker held when the storm started.",
+        "",
+        overload_targets(new + kept + again, capacity),
         "",
         "## A new connection per request",
         "",
         overload_table(new, capacity),
         "",
-        "## Keep-alive connections",
+        "## Keep-alive connections, spread unevenly before the storm",
         "",
-        overload_table(kept, capacity),
+        "Before each cell the client opens every slot's connection and asks "
+        "`/whoami` (the worker's pid); it keeps a connection only on a worker "
+        "whose share is not yet full (40/30/20/10 % of the slots, the first worker "
+        "seen taking the first share), else closes it and connects again. Then "
+        "every slot starts at once, on those connections: the accept gate and "
+        "reuseport no longer decide where a request goes, only a timeout (the "
+        "client then connects again) does. nginx keeps a connection for any number "
+        "of requests (`keepalive_requests`).",
+        "",
+        overload_table(kept, capacity, conns=True),
         "",
         "## Where the time goes",
         "",
         "Before nginx reads a request, the client waits to connect (the kernel's "
         "accept queue, with a new connection per request) and for a core (the client "
         "runs on the same 2 cores: \"client lag\" is how late its thread wakes from a "
-        "10 ms sleep). Neither is time a deadline counted from the push can see. A "
+        "10 ms sleep). Neither is time a deadline counted from the push can see; "
+        "one counted from the request's start sees what follows nginx's reading of "
+        "the request's first bytes. A "
         "refusal's cost to the event loop: the CPU time of "
         "its thread (CLOCK_THREAD_CPUTIME_ID) in the refused `push_task_timeout` "
         "call, counted in nginx; the rest of a 503 is nginx's and the same for any "
         "request. A task that expired in the queue is answered \"overloaded\" too, "
         "after its call waited: the event loop's CPU over that wait (other "
         "requests' work) puts it at ≥ 1 ms, so that column counts the expired "
-        "(the server's `expired`), and the refusals at the push are the others.",
+        "(the server's `expired`), and the refusals at the push are the others. "
+        "Thumb timeouts: their share (their number); in 100 ms windows: over how "
+        "many 100 ms windows of the run the timed-out requests started, and the "
+        "most in one, and when the first windows began from the cell's start (a "
+        "host that stalls puts many in few windows, a deadline too long for the "
+        "time around the push spreads them, a burst admitted at the start sits in "
+        "the first 500 ms); host load average: "
+        "the machine's 1-minute load average as the cell started, other users' "
+        "work included.",
         "",
         overload_time_table(new + kept),
         "",

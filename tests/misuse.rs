@@ -66,6 +66,9 @@ fn start() -> Nginx {
                 show("push_batch", 0, 1, false, {{ {{}} }}, 1e18)
                 show("push_batch", 0, 1, false, {{ {{}} }}, 0)
                 show("push_batch", 0, 1, nil, {{ {{}} }}, 1)
+                show("push_batch", 0, 1, -1, {{ {{}} }}, 1)
+                show("push", 0, 1000, 0 / 0, "a")
+                show("push", 0, 1000, math.huge, "a")
                 show("push", "x", "y")
                 show("push", 7, 1000)
                 show("push", 0.5, 1000)
@@ -115,6 +118,9 @@ fn misuse_raises_an_error_naming_the_function_and_the_argument() {
         "push_batch: false bad argument #5 to 'push_batch' (count out of range: 1 to #list) nil",
         "push_batch: false bad argument #5 to 'push_batch' (count out of range: 1 to #list) nil",
         "push_batch: false bad argument #3 to 'push_batch' (boolean expected, got nil) nil",
+        "push_batch: false bad argument #3 to 'push_batch' (deadline: seconds since the epoch expected) nil",
+        "push: false bad argument #3 to 'push' (deadline: seconds since the epoch expected) nil",
+        "push: false bad argument #3 to 'push' (deadline: seconds since the epoch expected) nil",
         "push: false bad argument #1 to 'push' (number expected, got string) nil",
         "push: false bad argument #1 to 'push' (no such thread pool) nil",
         "push: false bad argument #1 to 'push' (no such thread pool) nil",

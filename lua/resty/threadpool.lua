@@ -18,13 +18,14 @@ local setmetatable = setmetatable
 local tostring = tostring
 local type = type
 local floor = math.floor
+local huge = math.huge
 local min = math.min
 local now = ngx.now
 local sleep = ngx.sleep
 local update_time = ngx.update_time
 
 -- The module's C functions on this VM's stack (src/api/).
-local API_VERSION = 15
+local API_VERSION = 16
 local core
 do
     local ok, mod = pcall(require, "ngx_threadpool")
@@ -77,6 +78,25 @@ local function timeout_ms(seconds)
     return ms
 end
 
+-- An absolute deadline (push_task_until): seconds since the epoch, as
+-- ngx.now() and ngx.req.start_time() give them. The module counts the
+-- time left to it by the precise clock; one already past is refused
+-- there ("overloaded"). Further than the longest timeout is a mistake
+-- (milliseconds for seconds, say), not a wish to wait 24 days.
+local MAX_AHEAD = MAX_TIMEOUT_MS / 1000
+
+local function deadline_at(at)
+    if type(at) ~= "number" or at ~= at or at < 0 or at == huge then
+        error("bad deadline: expected seconds since the epoch "
+              .. "(ngx.req.start_time() + seconds, ngx.now() + seconds)", 3)
+    end
+    if at - now() > MAX_AHEAD then
+        error("bad deadline: more than " .. MAX_AHEAD
+              .. " seconds ahead (seconds since the epoch expected)", 3)
+    end
+    return at
+end
+
 -- The caller's strings that arguments borrow (zero-copy) are anchored by
 -- the module until the task ends; the strings of tasks whose caller
 -- stopped waiting or went away are let go of at the next push, and, for
@@ -122,9 +142,11 @@ local function waited(ok, err, result)
     return nil, err
 end
 
--- `deadline`: whether the timeout is also the push's deadline, which the
--- module refuses at once ("overloaded") when the pool cannot finish the
--- tasks before it, and past which it starts none of them.
+-- `deadline`: whether the timeout is also the push's deadline, or the
+-- deadline itself in seconds since the epoch (the timeout is then the
+-- time left to it, at most `ms`); the module refuses at once
+-- ("overloaded") a push the pool cannot finish before it, and past it
+-- starts none of the tasks.
 local function push(pool, ms, deadline, ...)
     local ok, err = c_push(pool.id, ms, deadline, ...)
     if type(ok) == "boolean" then
@@ -183,6 +205,15 @@ function Pool.push_task_timeout(self, seconds, ...)
     return push(self, timeout_ms(seconds), true, ...)
 end
 
+-- As push_task, with a deadline in seconds since the epoch, gRPC's kind:
+-- pool:push_task_until(ngx.req.start_time() + 0.45, ...) counts the time
+-- the request spent before the push; nil, "overloaded" at once when the
+-- pool cannot finish it in time or the deadline has passed.
+function Pool.push_task_until(self, at, ...)
+    check_self(self, "push_task_until")
+    return push(self, MAX_TIMEOUT_MS, deadline_at(at), ...)
+end
+
 -- Runs one task per entry of list, an array of argument arrays, with one
 -- yield for all of them: an array of { true, values... } or { false, err }
 -- in the order of list, or nil and an error when nothing was queued
@@ -197,6 +228,13 @@ end
 function Pool.push_tasks_timeout(self, seconds, list)
     check_self(self, "push_tasks_timeout")
     return push_batch(self, timeout_ms(seconds), true, list)
+end
+
+-- As push_tasks, with a deadline in seconds since the epoch for the whole
+-- batch (see push_task_until).
+function Pool.push_tasks_until(self, at, list)
+    check_self(self, "push_tasks_until")
+    return push_batch(self, MAX_TIMEOUT_MS, deadline_at(at), list)
 end
 
 -- What a stream's read or write returns for what its C function gave

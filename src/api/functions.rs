@@ -424,7 +424,9 @@ pub(super) unsafe extern "C-unwind" fn reap(l: *mut lua_State) -> c_int {
 /// (false, "timeout"), then takes the results with `result()` or lets go
 /// of the task with `release()`. The wait is started and yielded here, in
 /// one call, so that no Lua code can start a wait and not yield for it.
-/// With `deadline` true, the timeout is also the push's deadline. Nothing
+/// `deadline`: false, none; true, the timeout is also the push's deadline;
+/// a number, the deadline in seconds since the epoch (see deadline_arg).
+/// Nothing
 /// queued: DECLINED when the queue is full, BAD_CONTEXT where it may not
 /// wait, ERROR and a message ("overloaded" when the pool cannot finish the
 /// task before its deadline).
@@ -433,8 +435,7 @@ pub(super) unsafe extern "C-unwind" fn push(l: *mut lua_State) -> c_int {
     // else; the values are at 4..=top.
     unsafe {
         let pool = pool_arg(l, 1, c"push");
-        let ms = ms_arg(l, 2, c"push");
-        let deadline = deadline_arg(l, 3, c"push", ms);
+        let (ms, deadline) = deadline_arg(l, 3, c"push", ms_arg(l, 2, c"push"));
         if !admitted(pool, 1, deadline) {
             return refused(l, ERROR, OVERLOADED);
         }
@@ -481,8 +482,7 @@ pub(super) unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     unsafe {
         let f = c"push_batch";
         let pool = pool_arg(l, 1, f);
-        let ms = ms_arg(l, 2, f);
-        let deadline = deadline_arg(l, 3, f, ms);
+        let (ms, deadline) = deadline_arg(l, 3, f, ms_arg(l, 2, f));
         check_type(l, 4, f, lua::LUA_TTABLE);
         let len = lua::lua_objlen(l, 4) as f64;
         let count = int_arg(l, 5, f, (1.0, len), c"count out of range: 1 to #list") as usize;
@@ -547,19 +547,52 @@ pub(super) unsafe extern "C-unwind" fn push_batch(l: *mut lua_State) -> c_int {
     }
 }
 
-/// Argument `i` of `f`: whether the timeout `ms` is also the push's
-/// deadline, which it then is from now.
+/// Argument `i` of `f`, the push's deadline, with `ms`, its timeout: the
+/// wait's timeout in ms and the deadline from now. false: none; true: the
+/// timeout, from now; a number: an absolute deadline in seconds since the
+/// epoch, as ngx.now() and ngx.req.start_time() give it (gRPC's kind, so
+/// that time the request spent before the push counts), read against the
+/// precise clock now; the timeout is then the time left, at most `ms`. A
+/// deadline already past gives a zero deadline, which admission refuses.
 ///
 /// # Safety
 /// As bad_argument.
-unsafe fn deadline_arg(l: *mut lua_State, i: c_int, f: &CStr, ms: c_int) -> Option<Duration> {
+unsafe fn deadline_arg(
+    l: *mut lua_State,
+    i: c_int,
+    f: &CStr,
+    ms: c_int,
+) -> (c_int, Option<Duration>) {
     // SAFETY: l is the running state of a function Lua called, owning nothing
-    // (bad_argument's contract), as check_type needs; reading a boolean
-    // neither allocates nor raises.
+    // (bad_argument's contract), as check_type needs; reading a boolean or
+    // a number neither allocates nor raises.
     unsafe {
-        check_type(l, i, f, lua::LUA_TBOOLEAN);
-        (lua::lua_toboolean(l, i) != 0).then(|| Duration::from_millis(ms as u64))
+        if lua::lua_type(l, i) != lua::LUA_TNUMBER {
+            check_type(l, i, f, lua::LUA_TBOOLEAN);
+            let deadline = lua::lua_toboolean(l, i) != 0;
+            return (ms, deadline.then(|| Duration::from_millis(ms as u64)));
+        }
+        let at = lua::lua_tonumber(l, i);
+        // NaN fails the comparison; Duration::from_secs_f64 would panic on it
+        if !(at >= 0.0 && at.is_finite()) {
+            bad_argument(l, i, f, c"deadline: seconds since the epoch expected")
+        }
+        let left = time_left(at).min(Duration::from_millis(ms as u64));
+        // whole ms, rounded up: the wait ends no sooner than the deadline
+        let wait = left.as_micros().div_ceil(1000).clamp(1, ms as u128) as c_int;
+        (wait, Some(left))
     }
+}
+
+/// The time left to `at`, seconds since the epoch (finite, >= 0), by the
+/// system's clock (CLOCK_REALTIME, which nginx's cached time also reads):
+/// zero once it has passed.
+fn time_left(at: f64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // at most ~2^63 s: beyond any timeout, and what from_secs_f64 takes
+    Duration::from_secs_f64(at.min(9.2e18)).saturating_sub(now)
 }
 
 /// Whether `n` tasks with `deadline` may be pushed to pool `pool`: always

@@ -21,7 +21,7 @@ pub const PACKAGE: &CStr = c"ngx_threadpool";
 /// Bumped when a function below changes; the shim, which may be installed
 /// apart from the module, says which it needs and refuses others (a test
 /// below ties the two).
-pub const API_VERSION: c_int = 15;
+pub const API_VERSION: c_int = 16;
 
 /// The loader `require "ngx_threadpool"` runs: the table of functions.
 ///

@@ -172,10 +172,12 @@ impl Worker {
     /// within `timeout`, their deadline: Overloaded, counted, if not. A
     /// few loads and a comparison, before the push's arguments are even
     /// encoded, so that a refusal costs the event loop next to nothing.
+    /// A deadline already passed (zero: an absolute one, push_task_until)
+    /// is refused however idle the pool: no task can finish before it.
     pub fn admit(&self, pool: PoolId, n: usize, timeout: Duration) -> Result<(), WorkerError> {
         let stats = self.pools.get(pool).ok_or(WorkerError::NoSuchPool)?.stats;
         let timeout_us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
-        if stats.admits(n as u64, timeout_us) {
+        if timeout_us > 0 && stats.admits(n as u64, timeout_us) {
             return Ok(());
         }
         stats.overloaded.fetch_add(n as u64, Ordering::Relaxed);

@@ -10,15 +10,26 @@
 //! and timed those lags as the server's). The lag thread still reports how
 //! late a 10 ms sleep wakes.
 //!
-//! Usage: overload-client PORT SLOTS SECS TIMEOUT_MS KEEPALIVE(0|1)
+//! Keep-alive storms (SHARES, e.g. 40,30,20,10): before the run each slot
+//! opens its connection and asks `/whoami` (the worker's pid); it keeps
+//! the connection only while the worker's share of the slots is not full
+//! (the first worker seen gets the first share, and so on), else closes
+//! it and connects again. Every slot then starts at once, on connections
+//! spread over the workers as the shares say, which no accept policy can
+//! change any more: a storm on connections opened earlier, under another
+//! load.
+//!
+//! Usage: overload-client PORT SLOTS SECS TIMEOUT_MS KEEPALIVE(0|1) [SHARES]
 //! Prints one JSON object: per class (thumb, static) the latencies in ms
 //! by status, timeouts, errors, connect times in ms and the 200s within
-//! the run; then the lags in ms.
+//! the run; the lags in ms; with SHARES, the connections each worker held
+//! at the start (`spread`, in the order of the shares).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::{Barrier, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -29,6 +40,9 @@ struct Class {
     errors: u64,
     connect: Vec<f64>,
     served: u64,
+    /// When each timed-out request started, in ms from the run's start:
+    /// whether timeouts come together (the host stalled) or spread out.
+    timed_out_at: Vec<f64>,
 }
 
 #[derive(Default)]
@@ -39,9 +53,65 @@ struct Seen {
 
 struct Run {
     addr: SocketAddr,
-    until: Instant,
+    /// Set once every slot holds its connection.
+    until: OnceLock<Instant>,
     timeout: Duration,
     keepalive: bool,
+    secs: u64,
+    /// Keep-alive storms: slots per worker, in the order workers are first
+    /// seen, and the (pid, connections) taken so far.
+    quotas: Vec<u64>,
+    taken: Mutex<Vec<(u64, u64)>>,
+    /// Every slot and the main thread: connections opened, then the start.
+    opened: Barrier,
+    started: Barrier,
+}
+
+impl Run {
+    fn until(&self) -> Instant {
+        *self.until.get().expect("set before the slots start")
+    }
+}
+
+/// A connection on a worker whose share is not full yet (or, after many
+/// tries, on any): the prelude of a keep-alive storm.
+fn open_spread(run: &Run, buf: &mut Vec<u8>) -> Option<TcpStream> {
+    let mut last = None;
+    for _ in 0..1000 {
+        let Ok(mut s) = TcpStream::connect(run.addr) else {
+            continue;
+        };
+        let t0 = Instant::now();
+        let asked = s
+            .write_all(b"GET /whoami HTTP/1.1\r\nHost: x\r\n\r\n")
+            .map_err(Failed::from)
+            .and_then(|()| read_answer(&mut s, t0, run, buf, Duration::from_secs(5)));
+        let Some(pid) = asked.ok().and_then(|()| body_number(buf)) else {
+            continue;
+        };
+        let mut taken = run.taken.lock().expect("no slot panics");
+        let i = match taken.iter().position(|&(p, _)| p == pid) {
+            Some(i) => i,
+            None => {
+                taken.push((pid, 0));
+                taken.len() - 1
+            }
+        };
+        if taken[i].1 < run.quotas.get(i).copied().unwrap_or(0) {
+            taken[i].1 += 1;
+            return Some(s);
+        }
+        last = Some((s, i));
+    }
+    let (s, i) = last?;
+    run.taken.lock().expect("no slot panics")[i].1 += 1;
+    Some(s)
+}
+
+/// The number an answer's body holds.
+fn body_number(buf: &[u8]) -> Option<u64> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    std::str::from_utf8(&buf[end..]).ok()?.trim().parse().ok()
 }
 
 /// Why a request got no status.
@@ -74,14 +144,20 @@ fn left(t0: Instant, timeout: Duration) -> Result<Duration, Failed> {
 /// Reads the answer into `buf`: with keep-alive until its head and
 /// Content-Length are in, else until the peer closes (HTTP/1.0); each read
 /// within the request's time.
-fn read_answer(s: &mut TcpStream, t0: Instant, run: &Run, buf: &mut Vec<u8>) -> Result<(), Failed> {
+fn read_answer(
+    s: &mut TcpStream,
+    t0: Instant,
+    run: &Run,
+    buf: &mut Vec<u8>,
+    timeout: Duration,
+) -> Result<(), Failed> {
     buf.clear();
     let mut chunk = [0u8; 4096];
     loop {
         if run.keepalive && answer_len(buf).is_some_and(|n| buf.len() >= n) {
             return Ok(());
         }
-        s.set_read_timeout(Some(left(t0, run.timeout)?))?;
+        s.set_read_timeout(Some(left(t0, timeout)?))?;
         match s.read(&mut chunk)? {
             0 if run.keepalive => return Err(Failed::Error),
             0 => return Ok(()),
@@ -145,7 +221,7 @@ fn ask(
     let version = if run.keepalive { "1.1" } else { "1.0" };
     s.set_write_timeout(Some(left(t0, run.timeout)?))?;
     s.write_all(format!("GET {path} HTTP/{version}\r\nHost: x\r\n\r\n").as_bytes())?;
-    read_answer(s, t0, run, buf)?;
+    read_answer(s, t0, run, buf, run.timeout)?;
     status(buf)
 }
 
@@ -159,10 +235,17 @@ fn next(x: &mut u64) -> u64 {
 
 fn slot(run: &Run, seed: u64) -> Seen {
     let mut seen = Seen::default();
-    let mut conn = None;
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut buf = Vec::with_capacity(4096);
-    while Instant::now() < run.until {
+    let mut conn = if run.quotas.is_empty() {
+        None
+    } else {
+        open_spread(run, &mut buf)
+    };
+    run.opened.wait();
+    run.started.wait();
+    let until = run.until();
+    while Instant::now() < until {
         let thumb = next(&mut rng) & 1 == 0;
         let (class, path) = if thumb {
             (&mut seen.thumb, "/task")
@@ -175,13 +258,19 @@ fn slot(run: &Run, seed: u64) -> Seen {
                 let done = Instant::now();
                 class.lat.entry(status).or_default().push(ms(done - t0));
                 // answers after the run's end would count above capacity
-                if status == 200 && done <= run.until {
+                if status == 200 && done <= until {
                     class.served += 1;
                 }
             }
             Err(failed) => {
                 match failed {
-                    Failed::Timeout => class.timeouts += 1,
+                    Failed::Timeout => {
+                        class.timeouts += 1;
+                        let start = until - Duration::from_secs(run.secs);
+                        class
+                            .timed_out_at
+                            .push(ms(t0.saturating_duration_since(start)));
+                    }
                     Failed::Error => class.errors += 1,
                 }
                 conn = None;
@@ -199,6 +288,7 @@ fn merge(into: &mut Class, from: Class) {
     into.errors += from.errors;
     into.connect.extend(from.connect);
     into.served += from.served;
+    into.timed_out_at.extend(from.timed_out_at);
 }
 
 fn list(out: &mut String, xs: &[f64]) {
@@ -221,6 +311,8 @@ fn class_json(out: &mut String, c: &Class) {
         c.timeouts, c.errors, c.served
     );
     list(out, &c.connect);
+    out.push_str(",\"timed_out_at\":");
+    list(out, &c.timed_out_at);
     out.push('}');
 }
 
@@ -233,11 +325,31 @@ fn main() {
         })
     };
     let (port, slots, secs, timeout_ms, keepalive) = (arg(0), arg(1), arg(2), arg(3), arg(4));
+    let shares: Vec<u64> = args
+        .get(5)
+        .map(|a| a.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default();
+    // slots per share, the remainder to the first ones
+    let sum = shares.iter().sum::<u64>().max(1);
+    let mut quotas: Vec<u64> = shares.iter().map(|s| slots * s / sum).collect();
+    let mut rest = slots.saturating_sub(quotas.iter().sum());
+    for q in quotas.iter_mut() {
+        if rest == 0 {
+            break;
+        }
+        *q += 1;
+        rest -= 1;
+    }
     let run = Run {
         addr: SocketAddr::from(([127, 0, 0, 1], port as u16)),
-        until: Instant::now() + Duration::from_secs(secs),
+        until: OnceLock::new(),
         timeout: Duration::from_millis(timeout_ms),
         keepalive: keepalive != 0,
+        secs,
+        quotas,
+        taken: Mutex::new(Vec::new()),
+        opened: Barrier::new(slots as usize + 1),
+        started: Barrier::new(slots as usize + 1),
     };
     let (seen, lags) = thread::scope(|s| {
         let workers: Vec<_> = (0..slots)
@@ -251,8 +363,12 @@ fn main() {
                     .expect("a thread per slot")
             })
             .collect();
+        run.opened.wait();
+        let until = Instant::now() + Duration::from_secs(secs);
+        run.until.set(until).expect("set once");
+        run.started.wait();
         let mut lags = Vec::new();
-        while Instant::now() < run.until {
+        while Instant::now() < until {
             let t0 = Instant::now();
             thread::sleep(Duration::from_millis(10));
             lags.push(ms(t0.elapsed()) - 10.0);
@@ -271,6 +387,11 @@ fn main() {
     class_json(&mut out, &seen.static_);
     out.push_str(",\"lags\":");
     list(&mut out, &lags);
-    out.push('}');
+    let spread = run.taken.lock().expect("the slots are done");
+    out.push_str(",\"spread\":[");
+    for (i, (_, n)) in spread.iter().enumerate() {
+        let _ = write!(out, "{}{n}", if i > 0 { "," } else { "" });
+    }
+    out.push_str("]}");
     println!("{out}");
 }
