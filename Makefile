@@ -18,7 +18,7 @@ DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
 TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
 
-.PHONY: deps build test publish-check dist dist-check test-stress test-trixie test-forky test-openresty test-lua-releases deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
+.PHONY: deps build test publish-check dist dist-check test-stress test-perturb test-luajit-assert test-trixie test-forky test-openresty test-lua-releases deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
 	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
@@ -80,6 +80,27 @@ dist-check: dist
 N ?= 5
 test-stress: build
 	@MAKE="$(MAKE)" bash tests/stress.sh $(N)
+
+# The whole suite with glibc's MALLOC_PERTURB_ set for nginx (PERTURB, a
+# byte, 165 by default): each block malloc hands out is filled with the
+# byte's complement and each freed one with the byte, so that a read of
+# memory not written yet, or already freed, reads garbage and fails a
+# check instead of passing by luck. Only nginx gets it
+# (NGX_TP_MALLOC_PERTURB: tests/common/env.rs), not cargo.
+PERTURB ?= 165
+test-perturb: build
+	NGX_TP_MALLOC_PERTURB=$(PERTURB) cargo test --release -- --test-threads=2
+
+# The foundation tests (LUA_RELEASE_TESTS below) and tests/faults.rs with a
+# LuaJIT built with its assertions and C API checks (LUA_USE_ASSERT,
+# LUA_USE_APICHECK) in place of Debian's for nginx: OpenResty's LuaJIT
+# 2.1-20251030 from NGX_TP_UPSTREAM, built once into
+# target/luajit-assert (matrix/luajit-assert.sh) and given to nginx by
+# LD_LIBRARY_PATH (NGX_TP_LUAJIT). A failed assertion aborts the worker,
+# which fails its test.
+test-luajit-assert: build
+	luajit=$$(matrix/luajit-assert.sh) && NGX_TP_LUAJIT=$$luajit \
+		cargo test --release $(LUA_RELEASE_TESTS:%=--test %) --test faults -- --test-threads=2
 
 # The same suite on the other targets of the README's support table, each
 # in a chroot made with debootstrap from the Debian archive of this

@@ -2,7 +2,7 @@
 //! runs, the requests and the log lines it expects.
 
 use super::conf::harness_conf;
-use super::env::{nginx, repo};
+use super::env::{nginx, nginx_env, repo};
 use super::http::request;
 use super::log::{matches, matches_whole};
 use super::scratch::{free_port, prefix};
@@ -65,6 +65,7 @@ pub struct Case {
     valgrind: bool,
     wrapper: Vec<String>,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     ready: Duration,
     port: Option<u16>,
     exchanges: Vec<Exchange>,
@@ -106,6 +107,7 @@ impl Case {
             valgrind: false,
             wrapper: Vec::new(),
             args: Vec::new(),
+            env: Vec::new(),
             ready: Duration::from_secs(10),
             port: None,
             exchanges: Vec::new(),
@@ -197,6 +199,13 @@ impl Case {
     /// for a configuration that does not say it).
     pub fn args(mut self, args: &[&str]) -> Case {
         self.args = args.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
+    /// An environment variable of nginx's (the master's: workers inherit
+    /// what glibc and the loader read at start, e.g. `MALLOC_PERTURB_`).
+    pub fn env(mut self, name: &str, value: &str) -> Case {
+        self.env.push((name.to_string(), value.to_string()));
         self
     }
 
@@ -314,7 +323,15 @@ impl Case {
         } else {
             self.wrapper.clone()
         };
-        let mut n = Nginx::spawn(dir, port, &wrapper, &self.args, self.ready, self.master);
+        let mut n = Nginx::spawn(
+            dir,
+            port,
+            &wrapper,
+            &self.args,
+            &self.env,
+            self.ready,
+            self.master,
+        );
         n.expected_errors = self.error_lines.clone();
         n
     }
@@ -346,6 +363,8 @@ impl Case {
         let (dir, _, laid_out) = self.lay_out("t", false);
         let out = Command::new(nginx())
             .args(args)
+            .envs(nginx_env())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("-p")
             .arg(&dir)
             .arg("-c")

@@ -89,3 +89,26 @@ pub fn env_u64(name: &str, default: u64) -> u64 {
             .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
     })
 }
+
+/// What the harness adds to nginx's environment: with `NGX_TP_LUAJIT` (a
+/// directory holding a `libluajit-5.1.so.2`, as `make test-luajit-assert`
+/// builds one with LuaJIT's assertions), `LD_LIBRARY_PATH` naming it, so
+/// that nginx, the lua module and this module load that LuaJIT; with
+/// `NGX_TP_MALLOC_PERTURB` (a byte, as `make test-perturb` sets it),
+/// glibc's `MALLOC_PERTURB_`, which the master reads at its first malloc
+/// and its workers inherit by fork (nginx clears their environment, not
+/// that). Only nginx gets them, not cargo or the tests themselves.
+pub fn nginx_env() -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    for (from, to) in [
+        ("NGX_TP_LUAJIT", "LD_LIBRARY_PATH"),
+        ("NGX_TP_MALLOC_PERTURB", "MALLOC_PERTURB_"),
+    ] {
+        if let Ok(v) = std::env::var(from) {
+            if !v.is_empty() {
+                env.push((to.to_string(), v));
+            }
+        }
+    }
+    env
+}

@@ -32,8 +32,8 @@ pub mod handlers;
 
 pub use case::Case;
 pub use env::{
-    env_u64, lua_built_in, lua_module_lines, lua_module_path, module_path, nginx, repo, user_line,
-    MODULES,
+    env_u64, lua_built_in, lua_module_lines, lua_module_path, module_path, nginx, nginx_env, repo,
+    user_line, MODULES,
 };
 pub use http::{request, try_request, Response};
 pub use log::{assert_clean, assert_clean_but, matches, matches_whole};

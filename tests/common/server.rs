@@ -1,7 +1,7 @@
 //! A running nginx (`Nginx`): started by `Case`, signalled, quit, stopped
 //! and its prefix removed when dropped; its error log's check.
 
-use super::env::nginx;
+use super::env::{nginx, nginx_env};
 use super::http::{request, Response};
 use super::log::assert_clean_but;
 use super::procs::children_of;
@@ -26,7 +26,8 @@ pub struct Nginx {
 impl Nginx {
     /// Starts nginx on the prefix `dir`, whose conf/nginx.conf is written
     /// and listens on `port`, with `args` after nginx's own and `wrapper`
-    /// (a command and its arguments, e.g. valgrind's) before it, and waits
+    /// (a command and its arguments, e.g. valgrind's) before it, `env` and
+    /// the harness's (env::nginx_env) in its environment, and waits
     /// up to `ready` for it to listen and, if `has_workers`, for a worker.
     /// Case::start's implementation: tests start nginx through a Case.
     pub(super) fn spawn(
@@ -34,6 +35,7 @@ impl Nginx {
         port: u16,
         wrapper: &[String],
         args: &[String],
+        env: &[(String, String)],
         ready: Duration,
         has_workers: bool,
     ) -> Nginx {
@@ -51,6 +53,8 @@ impl Nginx {
             .arg("-c")
             .arg("conf/nginx.conf")
             .args(args)
+            .envs(nginx_env())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
