@@ -53,7 +53,11 @@ fn build_package(dir: &Path) -> PathBuf {
         cp.arg(repo().join(name));
     }
     run(cp.arg(&src));
-    std::fs::write(src.join("debian/debhelper-build-stamp"), format!("{PACKAGE}\n")).unwrap();
+    std::fs::write(
+        src.join("debian/debhelper-build-stamp"),
+        format!("{PACKAGE}\n"),
+    )
+    .unwrap();
     run(Command::new("debian/rules")
         .arg("binary")
         .env("DEB_BUILD_OPTIONS", "noautodbgsym")
