@@ -41,11 +41,11 @@ echo "deb.sh: $source $version for $release in a fresh chroot ($((SECONDS - star
 inner="apt-get update -qq
 apt-get build-dep -y -qq --no-install-recommends '$src' > '$out/build-deps.log' 2>&1 ||
     { tail -30 '$out/build-deps.log' >&2; exit 1; }
-echo \"deb.sh: build dependencies installed: \$(rustc --version)\"
+echo \"deb.sh: build dependencies installed in \$SECONDS s: \$(rustc --version)\"
 cd '$src' && dpkg-buildpackage -b -us -uc > '$out/build.log' 2>&1 || { tail -40 '$out/build.log' >&2; exit 1; }
 apt-get install -y -qq --no-install-recommends lintian > '$out/lintian-install.log' 2>&1 ||
     { tail -30 '$out/lintian-install.log' >&2; exit 1; }
-echo \"deb.sh: \$(dpkg-query -W -f='lintian \${Version}' lintian) --pedantic\"
+echo \"deb.sh: built at \$SECONDS s; \$(dpkg-query -W -f='lintian \${Version}' lintian) --pedantic\"
 rc=0
 lintian --pedantic --info --show-overrides --fail-on error,warning,info,pedantic \
     '$out/build/${source}_${version}_'*.changes > '$out/lintian.txt' 2>&1 || rc=\$?
