@@ -24,6 +24,11 @@
 # where this machine's apt sources have them (Debian 12's rustc-web is in
 # bookworm-security). apt's lists and downloaded packages are kept under
 # NGX_TP_CACHE/apt/RELEASE for the next run.
+#
+# With FRESH=1, LAYER=DIR puts DIR between the base and the overlay's
+# changes (what an earlier run installed), and KEEP=DIR keeps the changes
+# of a run that succeeded as DIR, to be such a layer (make deb's build
+# dependencies, packaging/deb.sh).
 set -euo pipefail
 
 release=${RELEASE:-trixie}
@@ -150,9 +155,9 @@ flock -u 9
 # cargo build takes cargo's own locks, apt-get takes dpkg's).
 rc=0
 unshare --mount --propagation private -- bash -euo pipefail -c '
-root=$1 repo=$2 cargo_home=$3 rustup_home=$4 command=$5 base=$6 fresh=$7 release=$8 gitdir=$9 aptcache=${10}
+root=$1 repo=$2 cargo_home=$3 rustup_home=$4 command=$5 base=$6 fresh=$7 release=$8 gitdir=$9 aptcache=${10} layer=${11}
 if [ -n "$fresh" ]; then
-    mount -t overlay overlay -o "lowerdir=$base,upperdir=$fresh/upper,workdir=$fresh/work" "$fresh/root"
+    mount -t overlay overlay -o "lowerdir=${layer:+$layer:}$base,upperdir=$fresh/upper,workdir=$fresh/work" "$fresh/root"
     root=$fresh/root
     mkdir -p "$root$repo" ${gitdir:+"$root$gitdir"}
     [ -n "$aptcache" ] || mkdir -p "$root$cargo_home" "$root$rustup_home"
@@ -178,6 +183,10 @@ exec chroot "$root" /usr/bin/env -i HOME="$HOME" TERM="${TERM:-dumb}" CI="${CI:-
     CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" \
     CARGO_TARGET_DIR="$repo/target/$release" \
     bash -euo pipefail -c "cd \"$repo\" && $command"
-' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" "$base" "$fresh" "$release" "$gitdir" "$aptcache" || rc=$?
+' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" "$base" "$fresh" "$release" "$gitdir" "$aptcache" "${LAYER:-}" || rc=$?
+if [ $rc = 0 ] && [ -n "${KEEP:-}" ] && [ -n "$fresh" ]; then
+    rm -rf "$KEEP"
+    mv "$fresh/upper" "$KEEP"
+fi
 [ ${#made[@]} = 0 ] || rmdir "${made[@]}" 2>/dev/null || true
 exit $rc
