@@ -4,7 +4,8 @@
 # OUT/build/SOURCE-VERSION, its crates vendored there on this machine
 # (packaging/vendor.sh), then, in a fresh chroot of RELEASE that reaches
 # only Debian's archive (matrix/chroot.sh, FRESH=1 BUILDD=1), the build
-# dependencies installed, `dpkg-buildpackage -b` and the release's lintian
+# dependencies installed (kept as a layer under the cache, see below),
+# `dpkg-buildpackage -b` and the release's lintian
 # on the result: any tag not overridden in debian/ with its reason fails the
 # build (without --show-overrides, which Debian 12's lintian counts as
 # tags that fail). The packages, the .changes, the build log and lintian's report
