@@ -5,11 +5,11 @@
 # (packaging/vendor.sh), then, in a fresh chroot of RELEASE that reaches
 # only Debian's archive (matrix/chroot.sh, FRESH=1 BUILDD=1), the build
 # dependencies installed (kept as a layer under the cache, see below),
-# `dpkg-buildpackage -b` and the release's lintian
-# on the result: any tag not overridden in debian/ with its reason fails the
-# build (without --show-overrides, which Debian 12's lintian counts as
-# tags that fail). The packages, the .changes, the build log and lintian's report
-# land in OUT; the build tree is removed. `make deb` runs it.
+# `dpkg-buildpackage -b` and the release's lintian on the result: any tag
+# not overridden in debian/ with its reason fails the build (without
+# --show-overrides, which Debian 12's lintian counts as tags that fail).
+# The packages, the .changes, the build log and lintian's report land in
+# OUT; the build tree is removed. `make deb` runs it.
 #
 #   RELEASE=trixie OUT=target/trixie/debian packaging/deb.sh
 set -euo pipefail
