@@ -172,9 +172,10 @@ fn package_files_and_dependencies() {
         })
         .collect();
     // the README, the reference it links to, the changelogs (upstream's
-    // CHANGELOG.md as changelog) and the copyright
+    // CHANGELOG.md as changelog), the copyright and lintian's overrides
     let mut want = vec![
         MODULE_SO.to_string(),
+        format!("usr/share/lintian/overrides/{PACKAGE}"),
         format!("{doc}/README.md"),
         format!("{doc}/changelog"),
         format!("{doc}/changelog.Debian"),
