@@ -11,7 +11,7 @@ SHELL := /bin/bash
 DEB_PACKAGES = nginx nginx-dev libnginx-mod-http-lua lua-resty-core lua-cjson \
 	'libluajit2-5.1-dev|libluajit-5.1-dev' \
 	libclang-dev clang pkg-config wrk gcc libc6-dev make git ca-certificates python3 procps \
-	imagemagick python3-prometheus-client dpkg-dev binutils lua-check luarocks
+	imagemagick python3-prometheus-client dpkg-dev debhelper binutils lua-check luarocks
 # cargo's output: target/, or CARGO_TARGET_DIR (matrix/chroot.sh sets it per
 # release, so that each release's build and package stay apart). Absolute:
 # nginx resolves a relative load_module path against its prefix.
@@ -19,7 +19,7 @@ TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 MODULE := $(TARGET_DIR)/release/libngx_threadpool.so
 
 .PHONY: deps build test publish-check dist dist-check test-stress test-perturb test-luajit-assert test-trixie test-forky test-openresty test-lua-releases deb-test test-matrix lint fuzz run images bench bench-deps bench-trixie bench-compare fairness valgrind \
-	clean install install-files uninstall deb package soak soak-test soak-short soak-inject
+	clean install install-files uninstall deb soak soak-test soak-short soak-inject
 
 # Installs the Debian packages that are missing (apt-get update only then).
 deps:
@@ -107,19 +107,21 @@ test-luajit-assert: build
 # machine's apt sources and kept under /var/cache/ngx-threadpool, reused by
 # the next run (a missing or unfinished one is made again;
 # matrix/chroot.sh): Debian 13 (test-trixie) and Debian testing
-# (test-forky). A release's row ends with its package installed into a
-# fresh chroot of the release (deb-test). Root only (chroot, mounts).
+# (test-forky). A release's row ends with its package (make deb: built in a
+# fresh chroot of the release) installed into another fresh chroot of the
+# release (deb-test). Root only (chroot, mounts).
 CHROOT_RELEASES := trixie forky
 $(CHROOT_RELEASES:%=test-%): test-%:
-	RELEASE=$* matrix/chroot.sh 'make test deb'
-	RELEASE=$* FRESH=1 matrix/chroot.sh matrix/deb-install.sh
-# The package of this machine's release (make deb) installed with apt-get
-# into a fresh debootstrap chroot of that release, which serves
-# docs/configuration.md's example through it (matrix/deb-install.sh).
+	RELEASE=$* matrix/chroot.sh 'make test'
+	@$(MAKE) --no-print-directory deb-test RELEASE=$* CARGO_TARGET_DIR=$(CURDIR)/target/$*
+# The package of RELEASE (make deb) installed with apt-get into a fresh
+# debootstrap chroot of that release, which serves docs/configuration.md's
+# example through it (matrix/deb-install.sh).
 HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
+RELEASE ?= $(HOST_RELEASE)
 deb-test: deb
-	RELEASE=$(HOST_RELEASE) FRESH=1 matrix/chroot.sh \
-		'matrix/deb-install.sh $(TARGET_DIR)/debian/$(DEB_PKG)_$(DEB_VERSION)_*.deb'
+	RELEASE=$(RELEASE) FRESH=1 matrix/chroot.sh \
+		'matrix/deb-install.sh $(TARGET_DIR)/debian/$(DEB_PKG)_*.deb'
 # OpenResty 1.31.1.1's nginx as OpenResty builds it (lua-nginx-module
 # 0.10.31rc5 and ngx_devel_kit compiled in, its own LuaJIT and lualib), from
 # the source tarballs in NGX_TP_UPSTREAM (default ../shared/upstream) alone,
@@ -295,9 +297,8 @@ clean:
 # after the package; the Lua shim beside lua-resty-core's files; a
 # load_module snippet in modules-available, enabled by a link whose number
 # sorts after 50-mod-http-lua.conf (this module needs the lua module loaded
-# first). DESTDIR stages the files elsewhere (make deb does).
+# first). DESTDIR stages the files elsewhere (debian/rules does).
 NAME := threadpool
-VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 MODULES_DIR := /usr/lib/nginx/modules
 MODULE_SO := ngx_http_$(NAME)_module.so
 LUA_DIR := /usr/share/lua/5.1
@@ -328,19 +329,11 @@ uninstall:
 		$(DESTDIR)$(MODULES_DIR)/$(MODULE_SO) \
 		$(DESTDIR)$(LUA_DIR)/resty/$(NAME).lua
 
-# TARGET_DIR/debian/libnginx-mod-http-threadpool_VERSION-1_ARCH.deb
-deb: build
-	@$(MAKE) --no-print-directory package DEB_OUT=$(TARGET_DIR)/debian
-
-# The package of MODULE, built into DEB_OUT without cargo (tests/package.rs
-# packages the module cargo test built): packaging/deb.sh, with these names.
-DEB_PKG := libnginx-mod-http-$(NAME)
-LUA_VERSION_OF = $(shell sed -n '/^\[package.metadata.lua-nginx-module\]/,/^\[/s/^$(1) = "\(.*\)"/\1/p' Cargo.toml)
-DEB_OUT ?= $(TARGET_DIR)/debian
-DEB_VERSION := $(VERSION)-1
-DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>' 2>/dev/null)
-package:
-	@DEB_OUT=$(DEB_OUT) DEB_PKG=$(DEB_PKG) DEB_VERSION=$(DEB_VERSION) DEB_MAINTAINER="$(DEB_MAINTAINER)" \
-		MODULES_DIR=$(MODULES_DIR) MODULE_SO=$(MODULE_SO) SNIPPET=$(SNIPPET) ENABLED=$(ENABLED) \
-		LUA_OLDEST=$(call LUA_VERSION_OF,oldest) LUA_NEWEST=$(call LUA_VERSION_OF,newest) \
-		NGX_SRC=$(NGX_SRC) MAKE="$(MAKE)" packaging/deb.sh
+# The Debian package of RELEASE (default: this machine's) from debian/,
+# built by dpkg-buildpackage in a fresh chroot of the release with only its
+# build dependencies, the crates vendored, and checked by the release's
+# lintian (packaging/deb.sh): TARGET_DIR/debian/DEB_PKG_VERSION_ARCH.deb.
+# Root (chroot, mounts): run as another user, it asks sudo for that part.
+DEB_PKG := $(shell sed -n 's/^Source: //p' debian/control)
+deb:
+	RELEASE=$(RELEASE) OUT=$(TARGET_DIR)/debian packaging/deb.sh

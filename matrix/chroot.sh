@@ -17,6 +17,18 @@
 # runs in a throwaway overlay of the base instead (a system that has seen
 # nothing of the build), gone when the command ends. A tree that
 # debootstrap or the copy did not finish is made again.
+#
+# BUILDD=1 (with FRESH=1) is a build daemon's chroot (make deb): no
+# toolchain from this machine, only what the command installs from the
+# archive, whose suites are the release's own, its -updates and -security
+# where this machine's apt sources have them (Debian 12's rustc-web is in
+# bookworm-security). apt's lists and downloaded packages are kept under
+# NGX_TP_CACHE/apt/RELEASE for the next run.
+#
+# With FRESH=1, LAYER=DIR puts DIR between the base and the overlay's
+# changes (what an earlier run installed), and KEEP=DIR keeps the changes
+# of a run that succeeded as DIR, to be such a layer (make deb's build
+# dependencies, packaging/deb.sh).
 set -euo pipefail
 
 release=${RELEASE:-trixie}
@@ -30,15 +42,15 @@ rustup_home=${RUSTUP_HOME:-$HOME/.rustup}
 [ "$(id -u)" = 0 ] || { echo "matrix/chroot.sh: needs root (debootstrap, chroot, mounts)" >&2; exit 1; }
 [ $# -ge 1 ] || { echo "usage: matrix/chroot.sh COMMAND" >&2; exit 2; }
 
-# The Debian archive of this machine's apt sources: the URI of the entry
-# for this machine's own release (its security suite aside), deb822
-# sources first, then one-line ones.
+# The URI of this machine's apt source for a suite (default: this
+# machine's release, the Debian archive), deb822 sources first, then
+# one-line ones.
+codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
 host_mirror() {
-    local codename
-    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-    [ -n "$codename" ] || return 0
+    local suite=${1:-$codename}
+    [ -n "$suite" ] || return 0
     {
-        cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v suite="$codename" '
+        cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v suite="$suite" '
             BEGIN { RS = ""; FS = "\n" }
             {
                 types = ""; uris = ""; suites = ""; enabled = "yes"
@@ -57,7 +69,7 @@ host_mirror() {
                 }
             }'
         cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-            sed 's/\[[^]]*\]//' | awk -v suite="$codename" '$1 == "deb" && $3 == suite { print $2 }'
+            sed 's/\[[^]]*\]//' | awk -v suite="$suite" '$1 == "deb" && $3 == suite { print $2 }'
     } | head -1 || true
 }
 
@@ -114,10 +126,20 @@ mkdir -p "$etc/apt/apt.conf.d"
 cp /etc/resolv.conf "$etc/resolv.conf"
 apt-config dump | grep -E '^Acquire::(Check-Valid-Until|https?::Proxy) ' \
     > "$etc/apt/apt.conf.d/99ngx-threadpool-host" || true
+aptcache=
+if [ -n "${BUILDD:-}" ]; then
+    [ -n "$fresh" ] || { echo "matrix/chroot.sh: BUILDD=1 needs FRESH=1" >&2; exit 2; }
+    echo "deb $mirror $release main" > "$etc/apt/sources.list"
+    for suffix in -updates -security; do
+        uri=$(host_mirror "$codename$suffix")
+        [ -z "$uri" ] || echo "deb $uri $release$suffix main"
+    done >> "$etc/apt/sources.list"
+    aptcache=$cache/apt/$release
+    mkdir -p "$aptcache/archives/partial" "$aptcache/lists/partial"
+fi
 # The checkout's mount point goes with the run (a fresh clone's path is new
 # each time); the toolchain's stay. A worktree's git directory lies outside
-# it: it is mounted too, read-only (make package reads its maintainer from
-# git log).
+# it: it is mounted too, read-only (for git in the chroot).
 gitdir=$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
 case $gitdir in "$repo"/*) gitdir= ;; esac
 made=()
@@ -133,11 +155,12 @@ flock -u 9
 # cargo build takes cargo's own locks, apt-get takes dpkg's).
 rc=0
 unshare --mount --propagation private -- bash -euo pipefail -c '
-root=$1 repo=$2 cargo_home=$3 rustup_home=$4 command=$5 base=$6 fresh=$7 release=$8 gitdir=$9
+root=$1 repo=$2 cargo_home=$3 rustup_home=$4 command=$5 base=$6 fresh=$7 release=$8 gitdir=$9 aptcache=${10} layer=${11}
 if [ -n "$fresh" ]; then
-    mount -t overlay overlay -o "lowerdir=$base,upperdir=$fresh/upper,workdir=$fresh/work" "$fresh/root"
+    mount -t overlay overlay -o "lowerdir=${layer:+$layer:}$base,upperdir=$fresh/upper,workdir=$fresh/work" "$fresh/root"
     root=$fresh/root
-    mkdir -p "$root$repo" "$root$cargo_home" "$root$rustup_home" ${gitdir:+"$root$gitdir"}
+    mkdir -p "$root$repo" ${gitdir:+"$root$gitdir"}
+    [ -n "$aptcache" ] || mkdir -p "$root$cargo_home" "$root$rustup_home"
 fi
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
@@ -146,13 +169,24 @@ if [ -n "$gitdir" ]; then
     mount --bind "$gitdir" "$root$gitdir"
     mount -o remount,bind,ro "$root$gitdir"
 fi
+path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+if [ -n "$aptcache" ]; then
+    mount --bind "$aptcache/archives" "$root/var/cache/apt/archives"
+    mount --bind "$aptcache/lists" "$root/var/lib/apt/lists"
+    exec chroot "$root" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" PATH="$path" \
+        bash -euo pipefail -c "cd \"$repo\" && $command"
+fi
 mount --bind "$cargo_home" "$root$cargo_home"
 mount --bind "$rustup_home" "$root$rustup_home"
 exec chroot "$root" /usr/bin/env -i HOME="$HOME" TERM="${TERM:-dumb}" CI="${CI:-}" \
-    PATH="$cargo_home/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+    PATH="$cargo_home/bin:$path" \
     CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" \
     CARGO_TARGET_DIR="$repo/target/$release" \
     bash -euo pipefail -c "cd \"$repo\" && $command"
-' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" "$base" "$fresh" "$release" "$gitdir" || rc=$?
+' chroot.sh "$root" "$repo" "$cargo_home" "$rustup_home" "$*" "$base" "$fresh" "$release" "$gitdir" "$aptcache" "${LAYER:-}" || rc=$?
+if [ $rc = 0 ] && [ -n "${KEEP:-}" ] && [ -n "$fresh" ]; then
+    rm -rf "$KEEP"
+    mv "$fresh/upper" "$KEEP"
+fi
 [ ${#made[@]} = 0 ] || rmdir "${made[@]}" 2>/dev/null || true
 exit $rc

@@ -74,7 +74,7 @@ for _ in $(seq 50); do
     answer=$(get "/upper?s=debian" 2>/dev/null) && [ -n "$answer" ] && break
     sleep 0.1
 done
-echo "$(. /etc/os-release && echo "$PRETTY_NAME"), $(dpkg-deb -f "$deb" Depends | cut -d, -f1), $(dpkg-query -W -f='${Package} ${Version}' libnginx-mod-http-lua): $answer"
+echo "$(. /etc/os-release && echo "$PRETTY_NAME"), $(dpkg-deb -f "$deb" Depends | grep -o "nginx-abi-[^,]*"), $(dpkg-query -W -f='${Package} ${Version}' libnginx-mod-http-lua): $answer"
 [ "$answer" = "DEBIAN (thread_pool)" ] || {
     echo "deb-install.sh: /upper?s=debian answered \"$answer\", not \"DEBIAN (thread_pool)\"" >&2
     tail -20 /var/log/nginx/error.log >&2

@@ -1,9 +1,11 @@
-//! The Debian package (`make package`, which `make deb` runs): its files,
-//! its dependencies, its maintainer scripts, and the module it installs
-//! running in Debian's stock configuration layout with the example of
-//! docs/configuration.md (nginx-conf/debian/). Nothing is installed on the
-//! machine: the package is extracted under a temporary prefix and
-//! /etc/nginx copied there.
+//! The Debian package as debian/ makes it: its files, its dependencies,
+//! its maintainer scripts, and the module it installs running in Debian's
+//! stock configuration layout with the example of docs/configuration.md
+//! (nginx-conf/debian/). The package is made by debian/rules around the
+//! module cargo test built (make deb builds it from source in a chroot,
+//! and CI installs that one). Nothing is installed on the machine: the
+//! package is extracted under a temporary prefix and /etc/nginx copied
+//! there.
 
 mod common;
 use common::*;
@@ -27,18 +29,41 @@ fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Builds the package of the module cargo test built, into `dir`/deb.
+/// Builds the package of the module cargo test built, into `dir`: the
+/// files debian/rules reads copied to `dir`/src, the build marked done (dh
+/// skips the build steps when debian/debhelper-build-stamp exists) and
+/// `debian/rules binary` run with that module, so that dh_install,
+/// dh_nginx, dh_shlibdeps and dh_gencontrol do what they do in make deb's
+/// build, without cargo. dh_builddeb writes the package to `dir`.
 fn build_package(dir: &Path) -> PathBuf {
-    let out = dir.join("deb");
-    run(Command::new("make")
-        .arg("-s")
-        .arg("--no-print-directory")
-        .arg("-C")
-        .arg(repo())
-        .arg("package")
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut cp = Command::new("cp");
+    cp.arg("-r");
+    for name in [
+        "debian",
+        "Makefile",
+        "Cargo.toml",
+        "README.md",
+        "CHANGELOG.md",
+        "docs",
+        "lua",
+        "packaging",
+    ] {
+        cp.arg(repo().join(name));
+    }
+    run(cp.arg(&src));
+    std::fs::write(
+        src.join("debian/debhelper-build-stamp"),
+        format!("{PACKAGE}\n"),
+    )
+    .unwrap();
+    run(Command::new("debian/rules")
+        .arg("binary")
+        .env("DEB_BUILD_OPTIONS", "noautodbgsym")
         .arg(format!("MODULE={}", module_path().display()))
-        .arg(format!("DEB_OUT={}", out.display())));
-    let debs: Vec<PathBuf> = std::fs::read_dir(&out)
+        .current_dir(&src));
+    let debs: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "deb"))
@@ -133,29 +158,40 @@ fn package_files_and_dependencies() {
         assert!(depends.contains(dep), "{dep} not in Depends: {depends}");
     }
 
+    assert!(!depends.contains("${"), "a substvar left: {depends}");
+
     let files = contents(&deb);
+    // the documentation as dh_compress leaves it: compressed above 4 KiB
+    let doc = "usr/share/doc/libnginx-mod-http-threadpool";
     let regular: Vec<&str> = files
         .iter()
         .filter(|(_, (mode, _))| mode.starts_with('-'))
-        .map(|(p, _)| p.as_str())
+        .map(|(p, _)| match p.strip_prefix(doc) {
+            Some(_) => p.strip_suffix(".gz").unwrap_or(p),
+            None => p.as_str(),
+        })
         .collect();
-    // the README and the changelog with the reference they link to,
-    // compressed as Debian's policy asks
-    let doc = "usr/share/doc/libnginx-mod-http-threadpool";
+    // the README, the reference it links to, the changelogs (upstream's
+    // CHANGELOG.md as changelog), the copyright and lintian's overrides
     let mut want = vec![
         MODULE_SO.to_string(),
-        format!("{doc}/README.md.gz"),
-        format!("{doc}/CHANGELOG.md.gz"),
+        format!("usr/share/lintian/overrides/{PACKAGE}"),
+        format!("{doc}/README.md"),
+        format!("{doc}/changelog"),
+        format!("{doc}/changelog.Debian"),
+        format!("{doc}/copyright"),
         "usr/share/lua/5.1/resty/threadpool.lua".to_string(),
         SNIPPET.to_string(),
     ];
     for entry in std::fs::read_dir(repo().join("docs")).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         if name.ends_with(".md") {
-            want.push(format!("{doc}/docs/{name}.gz"));
+            want.push(format!("{doc}/docs/{name}"));
         }
     }
     want.sort();
+    let mut regular = regular;
+    regular.sort();
     assert_eq!(regular, want);
     // readable by nginx's worker user; owned by root whoever built it
     for (path, (mode, owner)) in &files {
