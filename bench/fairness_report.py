@@ -407,7 +407,8 @@ def overload_targets(rows, capacity):
                      if keepalive else "new per request")
             out.append(f"| {conns} | {r['spread']} | {policy} | {r['load']}x "
                        f"| {r.get('round', 0) + 1} "
-                       f"| {pct2(t['timeout_pct'])} | {pct2(st['timeout_pct'])} "
+                       f"| {pct2(t['timeout_pct'])} ({t['timeouts']}) "
+                       f"| {pct2(st['timeout_pct'])} ({st['timeouts']}) "
                        f"| {t['per_sec']:.0f} ({100 * t['per_sec'] / capacity:.0f} %) "
                        f"| {target} | {'yes' if met else 'no'} |")
     return "\n".join(out)
