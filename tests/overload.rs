@@ -205,32 +205,11 @@ const HTTP: &str = r##"
     }
 "##;
 
-/// Both pools' handler: a task sleeps, holds its thread until a file
-/// exists (60 s at most), or leaves a file behind.
-const HANDLER: &str = r#"
-    local ffi = require "ffi"
-    ffi.cdef "int usleep(unsigned int usec);"
-    return function(op, arg)
-        if op == "sleep" then
-            ffi.C.usleep(arg * 1e6)
-        elseif op == "hold" then
-            for _ = 1, 60000 do
-                local f = io.open(arg)
-                if f then f:close() break end
-                ffi.C.usleep(1000)
-            end
-        elseif op == "mark" then
-            assert(io.open(arg, "w")):close()
-        end
-        return op
-    end
-"#;
-
 fn start(max_queue: usize) -> Nginx {
     let main =
         format!("thread_pool ov threads=1 max_queue={max_queue};\nthread_pool dl threads=1;");
     Case::new(&main)
-        .http(&HTTP.replace("HANDLER", HANDLER))
+        .http(&HTTP.replace("HANDLER", handlers::SLEEP_HOLD_MARK))
         .start()
 }
 

@@ -175,30 +175,9 @@ const HTTP: &str = r##"
     }
 "##;
 
-/// The pool's handler: a task sleeps, holds its thread until a file
-/// exists (60 s at most), or leaves a file behind.
-const HANDLER: &str = r#"
-    local ffi = require "ffi"
-    ffi.cdef "int usleep(unsigned int usec);"
-    return function(op, arg)
-        if op == "sleep" then
-            ffi.C.usleep(arg * 1e6)
-        elseif op == "hold" then
-            for _ = 1, 60000 do
-                local f = io.open(arg)
-                if f then f:close() break end
-                ffi.C.usleep(1000)
-            end
-        elseif op == "mark" then
-            assert(io.open(arg, "w")):close()
-        end
-        return op
-    end
-"#;
-
 fn start() -> Nginx {
     Case::new("thread_pool p threads=1;")
-        .http(&HTTP.replace("HANDLER", HANDLER))
+        .http(&HTTP.replace("HANDLER", handlers::SLEEP_HOLD_MARK))
         .start()
 }
 

@@ -112,13 +112,19 @@ impl PoolStats {
     /// waited less: under the limit the queue is short and now and then
     /// empty, and one task taken at once must not give the full deadline
     /// back (the queue would grow to it, and stand again, an interval
-    /// later). Writes only on a change: the event loop reads `standing` in
-    /// every push with a deadline. Threads that take tasks together may
-    /// each see the other's older state, which the next take corrects.
+    /// later). A take that leaves nothing queued counts as a short wait,
+    /// as CoDel counts a packet that empties its queue: its wait was the
+    /// thread's (a late wake-up on a busy host), not a queue's, and two
+    /// such takes far apart would otherwise make a standing queue of none.
+    /// Writes only on a change: the event loop reads `standing` in every
+    /// push with a deadline. Threads that take tasks together may each see
+    /// the other's older state, which the next take corrects. Called after
+    /// the take is counted in `taken`.
     pub fn took(&self, waited: Duration, now: Duration) {
         let standing = self.standing.load(Relaxed) != 0;
         let flips_at = self.flips_at_us.load(Relaxed);
-        if (waited >= STANDING_TARGET) == standing {
+        let long = waited >= STANDING_TARGET && self.queued() > 0;
+        if long == standing {
             if flips_at != 0 {
                 self.flips_at_us.store(0, Relaxed);
             }
@@ -210,6 +216,7 @@ mod tests {
         assert!(s.admits(1, 10_000_000), "one run ahead");
         s.run_estimate.store(1000, Relaxed);
         assert_eq!(limit(&s), Some(5000), "at least the target");
+        s.admitted.store(2, Relaxed);
         s.took(ms(4), ms(1200));
         s.took(ms(50), ms(1250));
         s.took(ms(4), ms(1260));
@@ -219,6 +226,10 @@ mod tests {
         assert_eq!(limit(&s), None, "an interval of short waits");
         s.took(ms(50), ms(1400));
         assert_eq!(limit(&s), None, "a new interval");
+        s.admitted.store(0, Relaxed);
+        s.took(ms(50), ms(1600));
+        s.took(ms(50), ms(1800));
+        assert_eq!(limit(&s), None, "takes that emptied the queue");
     }
 
     /// A queued task is late once its deadline passed, or, with tasks

@@ -53,6 +53,29 @@ pub fn rust_fixture() -> &'static RustFixture {
     })
 }
 
+/// A pool handler for queues held on purpose: a task sleeps `arg`
+/// seconds, holds its thread until the file `arg` exists (60 s at most),
+/// or leaves the file `arg` behind ("sleep", "hold", "mark"); it returns
+/// its op.
+pub const SLEEP_HOLD_MARK: &str = r#"
+    local ffi = require "ffi"
+    ffi.cdef "int usleep(unsigned int usec);"
+    return function(op, arg)
+        if op == "sleep" then
+            ffi.C.usleep(arg * 1e6)
+        elseif op == "hold" then
+            for _ = 1, 60000 do
+                local f = io.open(arg)
+                if f then f:close() break end
+                ffi.C.usleep(1000)
+            end
+        elseif op == "mark" then
+            assert(io.open(arg, "w")):close()
+        end
+        return op
+    end
+"#;
+
 /// A server whose /spin pushes "spin" to pool `?pool=` with a 50 ms
 /// timeout; it prints the error and CLOCK_MONOTONIC in ns before the push
 /// and after it returned. /idle prints the pool's tasks queued or running
