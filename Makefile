@@ -48,6 +48,8 @@ publish-check:
 # .cargo/config.toml that builds from it), so that it builds without
 # crates.io (docs/installation.md, "From the source tarball"). Made again
 # from scratch each time, with the commit's time on every file.
+# The one version ([workspace.package] in Cargo.toml).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 DIST = $(TARGET_DIR)/dist/ngx_threadpool-$(VERSION).tar.gz
 DIST_STAGE = $(TARGET_DIR)/dist/stage
 dist:
