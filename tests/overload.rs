@@ -23,36 +23,7 @@ const HTTP: &str = r##"
     thread_pool_deadline dl 100ms;
     thread_pool_process_by_lua_block ov { HANDLER }
     thread_pool_process_by_lua_block dl { HANDLER }
-    init_by_lua_block {
-        -- what the locations share: hold the pool's one thread until
-        -- release() creates the file its task waits for
-        local tp = require "resty.threadpool"
-        local M = {}
-        function M.hold(pool)
-            local go = ngx.config.prefix() .. "go-" .. pool
-            os.remove(go)
-            local t = ngx.thread.spawn(function()
-                return tp[pool]:push_task_timeout(60, "hold", go)
-            end)
-            for _ = 1, 10000 do
-                if tp[pool]:stats().busy > 0 then break end
-                ngx.sleep(0.001)
-            end
-            return function()
-                assert(io.open(go, "w")):close()
-                assert(ngx.thread.wait(t))
-            end
-        end
-        function M.trace(name)
-            return ngx.config.prefix() .. "trace-" .. name
-        end
-        function M.show(...)
-            local out = { select("#", ...) > 0 and tostring((...)) or "none" }
-            for i = 2, select("#", ...) do out[i] = tostring((select(i, ...))) end
-            return table.concat(out, ",")
-        end
-        package.loaded.overload = M
-    }
+    init_by_lua_block { HOLD }
     server {
         listen 127.0.0.1:$PORT;
         location /sleep {
@@ -67,7 +38,7 @@ const HTTP: &str = r##"
         location /refuse {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local o = require "overload"
+                local o = require "hold"
                 local release = o.hold("ov")
                 local out = {}
                 out[1] = o.show(tp.ov:push_task_timeout(0.1, "mark", o.trace("one")))
@@ -89,7 +60,7 @@ const HTTP: &str = r##"
         location /default {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local o = require "overload"
+                local o = require "hold"
                 local release = o.hold("dl")
                 local res = o.show(tp.dl:push_task("mark", o.trace("default")))
                 release()
@@ -103,7 +74,7 @@ const HTTP: &str = r##"
         location /expire {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local o = require "overload"
+                local o = require "hold"
                 local release = o.hold("ov")
                 local out = {}
                 local s = tp.ov:stats()
@@ -141,7 +112,7 @@ const HTTP: &str = r##"
         location /standing {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local o = require "overload"
+                local o = require "hold"
                 local function queue(...)
                     local args = { ... }
                     return ngx.thread.spawn(function()
@@ -209,7 +180,11 @@ fn start(max_queue: usize) -> Nginx {
     let main =
         format!("thread_pool ov threads=1 max_queue={max_queue};\nthread_pool dl threads=1;");
     Case::new(&main)
-        .http(&HTTP.replace("HANDLER", handlers::SLEEP_HOLD_MARK))
+        .http(
+            &HTTP
+                .replace("HANDLER", handlers::SLEEP_HOLD_MARK)
+                .replace("HOLD", handlers::HOLD_LUA),
+        )
         .start()
 }
 

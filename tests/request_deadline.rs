@@ -18,36 +18,7 @@ use std::time::Duration;
 const HTTP: &str = r##"
     lua_shared_dict results 1m;
     thread_pool_process_by_lua_block p { HANDLER }
-    init_by_lua_block {
-        local M = {}
-        function M.trace(name)
-            return ngx.config.prefix() .. "trace-" .. name
-        end
-        function M.show(...)
-            local out = { select("#", ...) > 0 and tostring((...)) or "none" }
-            for i = 2, select("#", ...) do out[i] = tostring((select(i, ...))) end
-            return table.concat(out, ",")
-        end
-        -- hold the pool's one thread until release() creates the file its
-        -- task waits for
-        function M.hold()
-            local tp = require "resty.threadpool"
-            local go = ngx.config.prefix() .. "go"
-            os.remove(go)
-            local t = ngx.thread.spawn(function()
-                return tp.p:push_task_timeout(60, "hold", go)
-            end)
-            for _ = 1, 10000 do
-                if tp.p:stats().busy > 0 then break end
-                ngx.sleep(0.001)
-            end
-            return function()
-                assert(io.open(go, "w")):close()
-                assert(ngx.thread.wait(t))
-            end
-        end
-        package.loaded.rd = M
-    }
+    init_by_lua_block { HOLD }
     server {
         listen 127.0.0.1:$PORT;
         location /sleep {
@@ -62,7 +33,7 @@ const HTTP: &str = r##"
             access_by_lua_block { ngx.sleep(0.3) }
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local o = require "rd"
+                local o = require "hold"
                 local at = ngx.req.start_time() + 0.2
                 local out = {
                     o.show(tp.p:push_task_until(at, "mark", o.trace("until"))),
@@ -80,7 +51,7 @@ const HTTP: &str = r##"
             access_by_lua_block { ngx.sleep(1) }
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local o = require "rd"
+                local o = require "hold"
                 local start = ngx.req.start_time()
                 local res = o.show(tp.p:push_task_until(start + 1.5, "sleep", 3))
                 ngx.update_time()
@@ -94,8 +65,8 @@ const HTTP: &str = r##"
         location /held {
             content_by_lua_block {
                 local tp = require "resty.threadpool"
-                local o = require "rd"
-                local release = o.hold()
+                local o = require "hold"
+                local release = o.hold("p")
                 local out = { o.show(tp.p:push_task_until(ngx.now() + 0.5, "mark", o.trace("near"))) }
                 local far = ngx.thread.spawn(function()
                     return tp.p:push_task_until(ngx.now() + 30, "mark", o.trace("far"))
@@ -113,7 +84,7 @@ const HTTP: &str = r##"
                 dict:delete("timer")
                 assert(ngx.timer.at(0, function()
                     local tp = require "resty.threadpool"
-                    local o = require "rd"
+                    local o = require "hold"
                     dict:set("timer", table.concat({
                         o.show(tp.p:push_task_until(ngx.now() + 30, "mark", o.trace("timer"))),
                         o.show(tp.p:push_task_until(ngx.now() - 1, "mark", o.trace("timer_past"))),
@@ -177,7 +148,11 @@ const HTTP: &str = r##"
 
 fn start() -> Nginx {
     Case::new("thread_pool p threads=1;")
-        .http(&HTTP.replace("HANDLER", handlers::SLEEP_HOLD_MARK))
+        .http(
+            &HTTP
+                .replace("HANDLER", handlers::SLEEP_HOLD_MARK)
+                .replace("HOLD", handlers::HOLD_LUA),
+        )
         .start()
 }
 

@@ -76,6 +76,40 @@ pub const SLEEP_HOLD_MARK: &str = r#"
     end
 "#;
 
+/// An `init_by_lua_block` body for tests that hold a pool's one thread:
+/// `require "hold"` gives `hold(pool)` (its thread busy with a task until
+/// the returned `release()`), `trace(name)` (a file a task of
+/// SLEEP_HOLD_MARK's "mark" leaves behind) and `show(...)` (the values, by
+/// commas).
+pub const HOLD_LUA: &str = r##"
+        local tp = require "resty.threadpool"
+        local M = {}
+        function M.hold(pool)
+            local go = ngx.config.prefix() .. "go-" .. pool
+            os.remove(go)
+            local t = ngx.thread.spawn(function()
+                return tp[pool]:push_task_timeout(60, "hold", go)
+            end)
+            for _ = 1, 10000 do
+                if tp[pool]:stats().busy > 0 then break end
+                ngx.sleep(0.001)
+            end
+            return function()
+                assert(io.open(go, "w")):close()
+                assert(ngx.thread.wait(t))
+            end
+        end
+        function M.trace(name)
+            return ngx.config.prefix() .. "trace-" .. name
+        end
+        function M.show(...)
+            local out = { select("#", ...) > 0 and tostring((...)) or "none" }
+            for i = 2, select("#", ...) do out[i] = tostring((select(i, ...))) end
+            return table.concat(out, ",")
+        end
+        package.loaded.hold = M
+"##;
+
 /// A server whose /spin pushes "spin" to pool `?pool=` with a 50 ms
 /// timeout; it prints the error and CLOCK_MONOTONIC in ns before the push
 /// and after it returned. /idle prints the pool's tasks queued or running
