@@ -31,13 +31,15 @@ build: deps
 test: build
 	cargo test --release -- --test-threads=2
 	cargo test --release -p ngx_threadpool_handler -p waf-rust
-	@$(MAKE) --no-print-directory publish-check soak-test soak-short
+	@$(MAKE) --no-print-directory soak-test soak-short
 
 # The two crates as crates.io would take them: cargo packages wire/ and
 # handler/ and builds each package alone, the handler against the wire
 # package (cargo publish --dry-run: crates.io's index is read, nothing is
 # uploaded; --allow-dirty, so that uncommitted work can be checked). Into
-# target/package/; ~10 s once the crates.io dependencies are built.
+# target/package/; ~10 s once the crates.io dependencies are built. In
+# make test-matrix, once on this machine: it needs crates.io's index, which
+# the chroots of the other releases do not reach.
 publish-check:
 	cargo publish --dry-run --allow-dirty -p ngx_threadpool_wire -p ngx_threadpool_handler
 
@@ -160,7 +162,7 @@ test-lua-releases: build
 	LUA_RELEASES="$(LUA_RELEASES)" LUA_RELEASE_TESTS="$(LUA_RELEASE_TESTS)" matrix/lua-releases.sh
 # Every row, one after the other (.ci/run): the quick ones first; the
 # source tarball after the host's suite.
-test-matrix: test dist-check test-lua-releases deb-test test-openresty test-trixie test-forky
+test-matrix: test publish-check dist-check test-lua-releases deb-test test-openresty test-trixie test-forky
 
 # The project's Lua with luacheck (settings and globals in .luacheckrc).
 LUA_SOURCES := lua src/vm bench tests/fixtures nginx-conf soak
