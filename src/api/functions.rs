@@ -35,9 +35,9 @@ use crate::conf::MainConf;
 use crate::handoff::job::{PoolId, PushId};
 use crate::handoff::payload::{Args, Payload};
 use crate::luajit::stack;
-use crate::ngx::guard;
 use crate::ngx::lua::{in_init_worker, may_suspend, request_of, NOT_YIELDABLE};
 use crate::ngx::shim::{ErrOut, Request};
+use crate::ngx::{guard, os};
 use crate::stats::{Reading, Unit, BUCKET_BOUNDS_US, STATS};
 use crate::worker::tasks::{Caller, Release, RequestTasks};
 use crate::worker::{with_worker, WorkerError, OVERLOADED};
@@ -588,9 +588,7 @@ unsafe fn deadline_arg(
 /// system's clock (CLOCK_REALTIME, which nginx's cached time also reads):
 /// zero once it has passed.
 fn time_left(at: f64) -> Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let now = Duration::from_micros(os::wall_clock_us());
     // at most ~2^63 s: beyond any timeout, and what from_secs_f64 takes
     Duration::from_secs_f64(at.min(9.2e18)).saturating_sub(now)
 }
